@@ -1,0 +1,125 @@
+"""The `tuishell` command line.
+
+Kept light on purpose: `tuishell run -- CMD` is on the per-command hot path, so this module imports
+only argparse and defers everything else (and never imports Textual on that path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tuishell import __version__
+
+MODES = ("read-only", "workspace-write", "danger-full-access")
+
+
+def _add_session_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by `run` and (later) the app: they set up a session's policy."""
+    parser.add_argument("--mode", choices=MODES,
+                        help="filesystem mode (default: sandbox.mode, workspace-write); "
+                             "danger-full-access runs with NO sandbox and reduces security")
+    parser.add_argument("--workspace", type=Path, default=None,
+                        help="the writable project folder in workspace-write mode (default: current directory)")
+    parser.add_argument("--allow-domain", action="append", default=[], metavar="PATTERN",
+                        help="allow network access to a domain pattern (reduces security); repeatable")
+    parser.add_argument("--deny-domain", action="append", default=[], metavar="PATTERN",
+                        help="deny network access to a domain pattern; repeatable")
+    parser.add_argument("--settings", action="append", default=[], type=Path, metavar="FILE",
+                        help="extra settings file at the command-line layer; repeatable")
+
+
+def _cli_values(args: argparse.Namespace) -> dict:
+    values: dict = {}
+    if args.mode:
+        values["sandbox.mode"] = args.mode
+    if args.allow_domain:
+        values["network.allowedDomains"] = list(args.allow_domain)
+    if args.deny_domain:
+        values["network.deniedDomains"] = list(args.deny_domain)
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    from tuishell.headless import EXIT_CODES_HELP
+
+    parser = argparse.ArgumentParser(
+        prog="tuishell", description="A sandboxed agent shell: commands run inside bubblewrap + seccomp.")
+    parser.add_argument("--version", action="version", version=f"tuishell {__version__}")
+    sub = parser.add_subparsers(dest="command_name")
+
+    run = sub.add_parser("run", help="run one command in the sandbox",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description="Run CMD inside the sandbox. stdin/stdout/stderr pass through.",
+                         epilog=EXIT_CODES_HELP)
+    _add_session_options(run)
+    run.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                     help="kill the command and everything it started after SECONDS (exit 124)")
+    run.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
+                     help="pass an environment variable in, even a secret-looking one (reduces security); repeatable")
+    run.add_argument("--explain", action="store_true",
+                     help="print the plan and the exact bwrap command line instead of running")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
+
+    sandbox = sub.add_parser("sandbox", help="sandbox status and diagnostics")
+    sandbox_sub = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    status = sandbox_sub.add_parser("status", help="which backend and binary, and whether it works")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    sandbox_sub.add_parser("doctor", help="run every check and print the fix for each problem")
+
+    settings = sub.add_parser("settings", help="settings keys and files")
+    settings_sub = settings.add_subparsers(dest="settings_command", required=True)
+    settings_sub.add_parser("keys", help="every settings key with its type, default and help")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `tuishell` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command_name == "run":
+        return _run(parser, args)
+    if args.command_name == "sandbox":
+        return _sandbox(args)
+    if args.command_name == "settings":
+        from tuishell.settings import describe_keys
+
+        print(describe_keys())
+        return 0
+    parser.print_help()
+    print("\nThe interactive app is not part of this version yet; "
+          "`tuishell run -- bash` gives you a sandboxed shell in the current directory.")
+    return 0
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from tuishell.headless import EXIT_SETTINGS, RunRequest, run
+
+    command = list(args.argv)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("run: give the command after --, e.g. tuishell run -- make test")
+    workspace = (args.workspace or Path.cwd()).expanduser()
+    if not workspace.is_dir():
+        print(f"tuishell: --workspace {workspace}: not a directory", file=sys.stderr)
+        return EXIT_SETTINGS
+    return run(RunRequest(command=command, workspace=workspace.resolve(), cli_values=_cli_values(args),
+                          settings_files=args.settings, timeout=args.timeout, env=args.env,
+                          explain=args.explain))
+
+
+def _sandbox(args: argparse.Namespace) -> int:
+    from tuishell.sandbox.status import render, sandbox_status
+
+    status = sandbox_status(run_probe=True)
+    if args.sandbox_command == "status" and args.json:
+        print(json.dumps(status.to_json(), indent=2))
+    else:
+        print(render(status, with_fixes=True))
+        if args.sandbox_command == "doctor" and status.available:
+            print("Everything needed for the sandbox works here.")
+    return 0 if status.available else 1

@@ -1,0 +1,1 @@
+"""Network egress for sandboxed commands (the proxy arrives with the network issue)."""

@@ -1,0 +1,1 @@
+"""Security policy: every rule about paths, domains and environment is decided here, once."""

@@ -1,0 +1,1 @@
+"""Sandbox backends: turn a policy into a confined process."""

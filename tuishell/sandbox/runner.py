@@ -1,0 +1,245 @@
+"""Spawning commands: sandboxed through bwrap, or — only where policy allows — unsandboxed.
+
+A `SandboxSession` is what the headless CLI uses for one command and what the app keeps for its
+whole life: the bwrap binary found once, and a private `/tmp` kept between the session's
+commands and removed when it closes (never the host's `/tmp`).
+
+No orphans, ever: bwrap runs as the leader of a new process group and session; inside, the
+command is in its own PID namespace whose init bwrap kills with `--die-with-parent`. Killing the
+group therefore kills every process the command started, including double-forked daemons, and if
+tuishell itself dies the kernel takes the namespace down with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from tuishell import paths
+from tuishell.policy.environment import sandbox_environment
+from tuishell.policy.filesystem import SandboxPolicy
+from tuishell.sandbox import scan as protected_scan
+from tuishell.sandbox.bwrap import BwrapBinary, bwrap_argv
+from tuishell.sandbox.plan import SandboxPlan, build_plan
+from tuishell.sandbox.scan import ProtectedScan, Violation
+from tuishell.sandbox.seccomp import bpf_fd
+
+SESSION_TMP_PREFIX = "tuishell-session-"
+
+
+@dataclass
+class RunResult:
+    """How a command ended."""
+
+    exit_code: int
+    sandboxed: bool
+    timed_out: bool = False
+    interrupted: bool = False
+    setup_error: str | None = None  # bwrap could not build the sandbox; the command never started
+    violations: list[Violation] = field(default_factory=list)
+    duration: float = 0.0
+
+
+def _remove_tree(path: Path) -> None:
+    def make_writable(func, target, _exc):
+        try:
+            os.chmod(os.path.dirname(target), 0o700)
+            os.chmod(target, 0o700)
+            func(target)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=make_writable)
+
+
+def _sweep_stale_session_dirs() -> None:
+    """Remove private /tmp folders of tuishell processes that died without cleaning up."""
+    base = Path(tempfile.gettempdir())
+    try:
+        candidates = [p for p in base.iterdir() if p.name.startswith(SESSION_TMP_PREFIX)]
+    except OSError:
+        return
+    for path in candidates:
+        try:
+            pid = int(path.name[len(SESSION_TMP_PREFIX):].split("-", 1)[0])
+            if path.stat().st_uid != os.getuid() or pid == os.getpid():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _remove_tree(path)
+        except (ValueError, OSError):
+            continue
+
+
+class CommandProcess:
+    """A running command (sandboxed or not) that can be waited for and killed as a whole."""
+
+    def __init__(self, popen: subprocess.Popen, sandboxed: bool, session: "SandboxSession | None" = None,
+                 plan: SandboxPlan | None = None, status_fd: int | None = None,
+                 before: ProtectedScan | None = None):
+        self.popen = popen
+        self.sandboxed = sandboxed
+        self._session = session
+        self._plan = plan
+        self._status_fd = status_fd
+        self._before = before
+        self._started = time.monotonic()
+        self.timed_out = False
+        self.interrupted = False
+
+    @property
+    def pid(self) -> int:
+        """The process id of bwrap (or of the unsandboxed command)."""
+        return self.popen.pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the command; on `timeout` kill the whole tree and return (exit 124 semantics)."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.timed_out = True
+            self.kill()
+            return self.popen.wait()
+
+    def kill(self) -> None:
+        """Kill the command and every process it started."""
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def interrupt(self) -> None:
+        """The user pressed Ctrl+C: stop everything."""
+        self.interrupted = True
+        self.kill()
+
+    def finish(self) -> RunResult:
+        """After exit: read bwrap's status and neutralise anything protected the command created."""
+        code = self.popen.wait()
+        result = RunResult(exit_code=code if code >= 0 else 128 - code, sandboxed=self.sandboxed,
+                           timed_out=self.timed_out, interrupted=self.interrupted,
+                           duration=time.monotonic() - self._started)
+        if self._status_fd is not None:
+            status = _read_status(self._status_fd)
+            self._status_fd = None
+            if "child-pid" not in status:
+                result.setup_error = "bwrap could not set up the sandbox"
+            elif "exit-code" in status and not (self.timed_out or self.interrupted):
+                result.exit_code = status["exit-code"]
+        if self._before is not None and self._plan is not None and result.setup_error is None:
+            after = protected_scan.scan(self._plan.writable_roots)
+            result.violations = protected_scan.neutralise(
+                self._before, after, paths.state_dir() / "quarantine")
+            if self._session is not None:
+                self._session.violations.extend(result.violations)
+        return result
+
+
+def _read_status(fd: int) -> dict:
+    """bwrap's --json-status-fd output: several JSON objects, one after another."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    text = b"".join(chunks).decode("utf-8", "replace")
+    merged, decoder, pos = {}, json.JSONDecoder(), 0
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos >= len(text):
+            return merged
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return merged
+        if isinstance(obj, dict):
+            merged.update(obj)
+
+
+class SandboxSession:
+    """A run of tuishell: one policy, one bwrap binary, one private /tmp."""
+
+    def __init__(self, policy: SandboxPolicy, binary: BwrapBinary | None,
+                 env_passthrough: Sequence[str] = (), explicit_env: Mapping[str, str | None] | None = None,
+                 host_env: Mapping[str, str] | None = None):
+        self.policy = policy
+        self.binary = binary
+        self.env_passthrough = tuple(env_passthrough)
+        self.explicit_env = dict(explicit_env or {})
+        self.host_env = dict(os.environ if host_env is None else host_env)
+        self.violations: list[Violation] = []
+        self._tmp: Path | None = None
+
+    @property
+    def tmp(self) -> Path:
+        """The session's private /tmp on the host (created on first use)."""
+        if self._tmp is None:
+            _sweep_stale_session_dirs()
+            self._tmp = Path(tempfile.mkdtemp(prefix=f"{SESSION_TMP_PREFIX}{os.getpid()}-"))
+        return self._tmp
+
+    def close(self) -> None:
+        """Remove the private /tmp."""
+        if self._tmp is not None:
+            _remove_tree(self._tmp)
+            self._tmp = None
+
+    def __enter__(self) -> "SandboxSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def environment(self, cwd: Path | None = None):
+        """The filtered environment a sandboxed command gets (and the names dropped)."""
+        overrides = {"TMPDIR": "/tmp", "TUISHELL_SANDBOX": self.policy.mode.value}
+        if cwd is not None:
+            overrides["PWD"] = str(cwd)
+        return sandbox_environment(self.host_env, self.env_passthrough, self.explicit_env, overrides)
+
+    def plan(self, command: Sequence[str], cwd: Path | None = None,
+             protected: ProtectedScan | None = None) -> SandboxPlan:
+        """Scan the writable roots and build the plan for `command`."""
+        if protected is None:
+            protected = protected_scan.scan(self.policy.writable_roots, prepare=True)
+        cwd = Path(os.path.normpath(cwd or Path.cwd()))
+        return build_plan(self.policy, command, cwd, self.tmp, protected, self.environment(cwd).env)
+
+    def spawn(self, plan: SandboxPlan, stdin=None, stdout=None, stderr=None) -> CommandProcess:
+        """Start `plan` under bwrap. The protected-path scan taken for the plan is reused."""
+        if self.binary is None:
+            raise RuntimeError("no bwrap binary: the sandbox is unavailable")
+        seccomp = bpf_fd(plan.seccomp)
+        status_read, status_write = os.pipe()
+        try:
+            argv = bwrap_argv(self.binary, plan, seccomp_fd=seccomp, status_fd=status_write)
+            popen = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=plan.environ,
+                                     pass_fds=(seccomp, status_write), start_new_session=True)
+        except BaseException:
+            os.close(status_read)
+            raise
+        finally:
+            os.close(seccomp)
+            os.close(status_write)
+        return CommandProcess(popen, True, self, plan, status_read, plan.scan)
+
+    def spawn_unsandboxed(self, command: Sequence[str], cwd: Path | None = None, stdin=None,
+                          stdout=None, stderr=None) -> CommandProcess:
+        """Start `command` with no sandbox at all (danger-full-access or an allowed fallback).
+
+        Callers decide whether this is permitted (`allowUnsandboxedCommands`) and must say so
+        loudly; this function only spawns.
+        """
+        popen = subprocess.Popen(list(command), cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
+                                 env=self.host_env, start_new_session=True)
+        return CommandProcess(popen, False)

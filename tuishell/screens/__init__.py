@@ -1,0 +1,1 @@
+"""Textual screens (the app arrives with the Textual app issue)."""
