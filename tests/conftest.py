@@ -82,6 +82,7 @@ class Who:
     gid: int = field(default_factory=os.getgid)
     python: str = sys.executable
     pythonpath: str | None = None
+    bwrap: str | None = None  # TUISHELL_BWRAP for the runs: "embedded" or "system"
 
     @property
     def home(self) -> Path:
@@ -109,9 +110,8 @@ class Who:
         }
         if self.pythonpath:
             env["PYTHONPATH"] = self.pythonpath
-        for key in ("TUISHELL_BWRAP",):
-            if key in os.environ:
-                env[key] = os.environ[key]
+        if self.bwrap:
+            env["TUISHELL_BWRAP"] = self.bwrap
         env.update(extra or {})
         return env
 
@@ -166,17 +166,25 @@ def _make_tree(who: Who) -> None:
     who.chown(who.base)
 
 
-@pytest.fixture(params=["root", "unprivileged"] if IS_ROOT else ["user"])
+IDENTITIES = ["root", "unprivileged"] if IS_ROOT else ["user"]
+#: The embedded bwrap always; the distribution's too where it is installed (CI installs it).
+BINARIES = ["embedded", "system"] if Path("/usr/bin/bwrap").exists() else ["embedded"]
+
+
+@pytest.fixture(params=[(i, b) for i in IDENTITIES for b in BINARIES], ids=lambda p: f"{p[0]}-{p[1]}")
 def who(request) -> Who:
-    """A prepared identity; as root, every test using it runs as root and as `tuishell-test`."""
+    """A prepared identity; as root, every test using it runs as root and as `tuishell-test`,
+    with each bwrap binary available."""
+    identity, binary = request.param
     base = _test_base()
-    if request.param == "unprivileged":
+    if identity == "unprivileged":
         account = _ensure_test_user()
         site = _unprivileged_site()
         who = Who("unprivileged", base, account.pw_uid, account.pw_gid, pythonpath=str(site))
         who.python = _python_for(account.pw_uid)
     else:
-        who = Who(request.param, base)
+        who = Who(identity, base)
+    who.bwrap = binary
     _make_tree(who)
     yield who
     shutil.rmtree(base, ignore_errors=True)

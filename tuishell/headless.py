@@ -143,10 +143,15 @@ def run(request: RunRequest) -> int:
         result, stderr_text = _run_with_signals(
             lambda: session.spawn(plan, stderr=subprocess.PIPE), request.timeout)
     if result.setup_error:
-        from tuishell.sandbox.status import diagnose
+        # Confirm with a probe the command cannot influence before treating this as "unavailable"
+        # (which may mean running it again unsandboxed): a command can print "bwrap: ..." too.
+        from tuishell.sandbox.status import probe
 
-        cause, fix = diagnose(stderr_text)
-        return _unavailable(request, policy, settings, cause, fix)
+        check = probe(binary)
+        if not check.ok:
+            return _unavailable(request, policy, settings, check.detail, check.fix)
+        warn(f"bwrap could not set up this command's sandbox ({result.setup_error}); "
+             "the sandbox itself works, so the command was not run unsandboxed")
     for violation in result.violations:
         warn(violation.describe())
     return _finish(result, stderr_text, policy, request)
@@ -181,8 +186,8 @@ def _run_with_signals(start, timeout: float | None):
             process.wait(timeout)
         except (KeyboardInterrupt, Interrupted):
             process.interrupt()
-        result = process.finish()
-        return result, tee.text()
+        stderr_text = tee.text()
+        return process.finish(stderr_text), stderr_text
     finally:
         if process is not None and process.popen.poll() is None:
             process.kill()

@@ -490,7 +490,7 @@ def load_settings(
 
     optional(paths.managed_settings_file(env), MANAGED)
     if cli_values:
-        layers.append(Layer(COMMAND_LINE, None, validate_values(cli_values, COMMAND_LINE)))
+        layers.append(Layer(COMMAND_LINE, None, validate_values(cli_values, COMMAND_LINE, path=COMMAND_LINE)))
     for extra in reversed(list(extra_files)):
         layers.append(load_file(Path(extra), COMMAND_LINE))
     optional(paths.project_local_settings_file(workspace), PROJECT_LOCAL)

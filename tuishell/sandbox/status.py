@@ -135,7 +135,7 @@ def probe(binary: BwrapBinary) -> Check:
                                 stderr=subprocess.PIPE)
         stderr = process.popen.stderr.read().decode("utf-8", "replace")
         process.popen.stderr.close()
-        result = process.finish()
+        result = process.finish(stderr)
     if result.exit_code == 0 and result.setup_error is None:
         return Check("sandbox starts", True, "a full sandbox ran `true`")
     cause, fix = diagnose(stderr)
