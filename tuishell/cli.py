@@ -29,6 +29,9 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
                         help="deny network access to a domain pattern; repeatable")
     parser.add_argument("--settings", action="append", default=[], type=Path, metavar="FILE",
                         help="extra settings file at the command-line layer; repeatable")
+    parser.add_argument("--resolve", action="append", default=[], metavar="NAME=ADDR",
+                        help="map a name to an address for the proxy, like /etc/hosts; a mapped name may "
+                             "reach a private address (reduces security) but still needs to be allowed")
 
 
 def _cli_values(args: argparse.Namespace) -> dict:
@@ -60,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="kill the command and everything it started after SECONDS (exit 124)")
     run.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                      help="pass an environment variable in, even a secret-looking one (reduces security); repeatable")
+    run.add_argument("--ask", action="store_true",
+                     help="ask on the terminal about destinations no rule covers (default: deny them)")
     run.add_argument("--explain", action="store_true",
                      help="print the plan and the exact bwrap command line instead of running")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
@@ -109,7 +114,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return EXIT_SETTINGS
     return run(RunRequest(command=command, workspace=workspace.resolve(), cli_values=_cli_values(args),
                           settings_files=args.settings, timeout=args.timeout, env=args.env,
-                          explain=args.explain))
+                          explain=args.explain, resolve=args.resolve, ask=args.ask))
 
 
 def _sandbox(args: argparse.Namespace) -> int:

@@ -61,6 +61,8 @@ class RunRequest:
     timeout: float | None = None
     env: Sequence[str] = ()
     explain: bool = False
+    resolve: Sequence[str] = ()  # NAME=ADDR mappings for the proxy
+    ask: bool = False  # ask on the terminal about unknown destinations (else: deny them)
 
 
 class _StderrTee:
@@ -95,6 +97,12 @@ def _parse_env(items: Sequence[str]) -> dict[str, str | None]:
         name, sep, value = item.partition("=")
         explicit[name] = value if sep else None
     return explicit
+
+
+def _parse_resolve(items: Sequence[str]):
+    from tuishell.net.egress import parse_host_mapping
+
+    return [parse_host_mapping(item) for item in items]
 
 
 def run(request: RunRequest) -> int:
@@ -134,14 +142,35 @@ def run(request: RunRequest) -> int:
         binary = find_bwrap()
     except SandboxUnavailable as exc:
         return _unavailable(request, policy, settings, exc.reason, exc.fix)
+    from tuishell.sandbox.plan import NetworkMode
+
+    try:
+        hosts = dict(_parse_resolve(request.resolve))
+    except ValueError as exc:
+        warn(f"invalid --resolve: {exc}")
+        return EXIT_SETTINGS
+    wants_network = bool(settings.get("network.allowedDomains") or settings.get("network.hosts") or hosts
+                         or request.ask)
+    network = NetworkMode.PROXY if wants_network else NetworkMode.NONE
     passthrough = [str(v) for v in settings.get("environment.passthrough")]
+    proxy = None
     with SandboxSession(policy, binary, passthrough, _parse_env(request.env)) as session:
-        plan = session.plan(request.command, Path.cwd())
+        plan = session.plan(request.command, Path.cwd(), network)
         if request.explain:
             _print_explanation(session, plan, binary, explain)
             return 0
-        result, stderr_text = _run_with_signals(
-            lambda: session.spawn(plan, stderr=subprocess.PIPE), request.timeout)
+        if network is NetworkMode.PROXY:
+            from tuishell.net.session import start_network, terminal_asker
+
+            proxy = start_network(request.workspace, request.cli_values, request.settings_files, hosts,
+                                  terminal_asker() if request.ask else None)
+        try:
+            result, stderr_text = _run_with_signals(
+                lambda: session.spawn(plan, stderr=subprocess.PIPE, proxy=proxy,
+                                      label=" ".join(request.command)), request.timeout)
+        finally:
+            if proxy is not None:
+                proxy.stop()
     if result.setup_error:
         # Confirm with a probe the command cannot influence before treating this as "unavailable"
         # (which may mean running it again unsandboxed): a command can print "bwrap: ..." too.

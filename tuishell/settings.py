@@ -185,11 +185,26 @@ def _validate_list(key: Key, value: object) -> object:
     return tuple(items)
 
 
-#: How each kind is checked; a new kind (say a table of hosts) is one function and one entry.
+def _validate_map(key: Key, value: object) -> object:
+    from tuishell.net.egress import parse_host_mapping
+
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a table of name = \"address\" pairs, got {_describe(value)}")
+    result: dict[str, str] = {}
+    for name, address in value.items():
+        if not isinstance(address, str):
+            raise ValueError(f"{_show(name)} must map to an address string, got {_describe(address)}")
+        host, ip = parse_host_mapping(f"{name}={address}")
+        result[host] = ip
+    return tuple(sorted(result.items()))  # frozen, like lists
+
+
+#: How each kind is checked; a new kind is one function and one entry.
 _VALIDATORS: dict[str, Callable[[Key, object], object]] = {
     "bool": _validate_bool,
     "enum": _validate_enum,
     "list": _validate_list,
+    "map": _validate_map,
 }
 
 
@@ -217,7 +232,7 @@ class Key:
     """One setting: its dotted name, type, default and the one-line help users see."""
 
     name: str
-    kind: str  # "bool" | "enum" | "list"
+    kind: str  # "bool" | "enum" | "list" | "map"
     default: object
     help: str
     #: Allowed values (enum), or allowed item values (list); empty means any.
@@ -342,6 +357,13 @@ SCHEMA: dict[str, Key] = _keys(
         managed_only=True,
     ),
     Key(
+        "network.hosts", "map", (),
+        "Names mapped to addresses like /etc/hosts, for host services reached through the proxy "
+        "(e.g. \"mirror.internal\" = \"10.0.0.5\"); a mapped name may reach a private address, "
+        "which reduces security, but it still needs an allow rule or an approval.",
+        weakens=True,
+    ),
+    Key(
         "environment.passthrough", "list", (),
         "Environment variables (names or globs such as LC_*) passed into the sandbox; "
         "reduces security (secrets in them become visible to commands).",
@@ -390,6 +412,11 @@ class Settings:
         spec = _lookup(key)
         if spec.kind == "list":
             return [item.value for item in self.items(key)]
+        if spec.kind == "map":  # merged per name; the higher layer wins a name
+            merged = dict(spec.default)
+            for layer in reversed(self.layers):
+                merged.update(dict(layer.values.get(key, ())))
+            return merged
         layer = self._winner(key)
         return spec.default if layer is None else layer.values[key]
 

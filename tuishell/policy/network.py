@@ -528,3 +528,27 @@ def address_kind(ip: IPAddress) -> str | None:
         if ip in net:
             return kind or None
     return "reserved address"
+
+
+def check_address(host: str, port: int, ip: IPAddress, allowed: Sequence[tuple[DomainRule, str]],
+                  mapped: bool = False, local_addresses: frozenset[str] = frozenset()) -> Decision | None:
+    """After an allowed name resolved to ``ip``: None if the connection may go ahead, else a deny.
+
+    Loopback, private, link-local, cloud-metadata, multicast, unspecified (…) addresses and this
+    machine's own addresses are refused unless the address or a network containing it is itself
+    an allowed rule: a public name must not become a way into the local network (DNS rebinding).
+    A name the user mapped to an address (``network.hosts`` / ``--resolve``) is exempt for that
+    name only: no DNS was involved and the user chose the address.
+    """
+    ip = _unmap(ip)
+    text = str(ip)
+    kind = "address of this machine" if text in local_addresses else address_kind(ip)
+    if kind is None or mapped:
+        return None
+    for rule, source in allowed:
+        if rule.kind in ("ip", "cidr") and rule.matches(text, port):
+            return None
+    return Decision(
+        "deny", None, None,
+        f"{_display(host, port)} resolves to {text}, a {kind}; only an explicit rule for that address "
+        f"(e.g. --allow-domain {_display(text, port) if ':' not in text else text}) or a --resolve mapping reaches it.")

@@ -24,6 +24,7 @@ import os
 import re
 import stat
 import subprocess
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -148,8 +149,12 @@ _MOUNT_FLAGS = {"bind": "--bind", "ro-bind": "--ro-bind", "mask-file": "--ro-bin
 
 
 def bwrap_argv(binary: BwrapBinary, plan: SandboxPlan, seccomp_fd: int | None = None,
-               status_fd: int | None = None) -> list[str]:
-    """The complete bwrap command line for `plan` (what `tuishell run --explain` prints)."""
+               status_fd: int | None = None, channel_fd: int | None = None) -> list[str]:
+    """The complete bwrap command line for `plan` (what `tuishell run --explain` prints).
+
+    In network mode "proxy", the command is preceded by the listener helper, which hands the
+    proxy's listening socket out over `channel_fd` and then execs the command.
+    """
     argv = [str(binary.path), "--new-session", "--die-with-parent",
             "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
             "--unshare-net", "--hostname", "tuishell-sandbox"]
@@ -172,16 +177,21 @@ def bwrap_argv(binary: BwrapBinary, plan: SandboxPlan, seccomp_fd: int | None = 
         argv += ["--seccomp", str(seccomp_fd)]
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]
+    command = list(plan.command)
     if plan.network is NetworkMode.PROXY:
-        raise NotImplementedError("the egress proxy arrives with the network issue")
-    return [*argv, "--", *plan.command]
+        from tuishell.net.proxy import LISTENER_HELPER, PROXY_PORT
+
+        # The real interpreter, not a venv link (which may live under the hidden host /tmp).
+        python = os.path.realpath(sys.executable)
+        command = [python, "-I", "-S", "-c", LISTENER_HELPER, str(channel_fd), str(PROXY_PORT), *command]
+    return [*argv, "--", *command]
 
 
 def explain(binary: BwrapBinary, plan: SandboxPlan) -> str:
     """A shell-quoted, one-option-per-line rendering of the bwrap command line."""
     import shlex
 
-    argv = bwrap_argv(binary, plan, seccomp_fd=3, status_fd=4)
+    argv = bwrap_argv(binary, plan, seccomp_fd=3, status_fd=4, channel_fd=5)
     lines, current = [], [shlex.quote(argv[0])]
     for arg in argv[1:]:
         if arg.startswith("--") and current:

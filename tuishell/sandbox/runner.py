@@ -15,22 +15,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from tuishell import paths
 from tuishell.policy.environment import sandbox_environment
 from tuishell.policy.filesystem import SandboxPolicy
 from tuishell.sandbox import scan as protected_scan
 from tuishell.sandbox.bwrap import BwrapBinary, bwrap_argv
-from tuishell.sandbox.plan import SandboxPlan, build_plan
+from tuishell.sandbox.plan import NetworkMode, SandboxPlan, build_plan
 from tuishell.sandbox.scan import ProtectedScan, Violation
 from tuishell.sandbox.seccomp import bpf_fd
+
+if TYPE_CHECKING:
+    from tuishell.net.proxy import EgressProxy
 
 SESSION_TMP_PREFIX = "tuishell-session-"
 
@@ -94,6 +98,8 @@ class CommandProcess:
         self._started = time.monotonic()
         self.timed_out = False
         self.interrupted = False
+        self.listener_missing = False  # proxy mode: the in-sandbox helper never handed a listener over
+        self.on_exit = None
 
     @property
     def pid(self) -> int:
@@ -128,6 +134,9 @@ class CommandProcess:
         sandbox that failed to set up be told apart from a command that failed.
         """
         code = self.popen.wait()
+        if self.on_exit is not None:
+            self.on_exit()
+            self.on_exit = None
         result = RunResult(exit_code=code if code >= 0 else 128 - code, sandboxed=self.sandboxed,
                            timed_out=self.timed_out, interrupted=self.interrupted,
                            duration=time.monotonic() - self._started)
@@ -137,6 +146,8 @@ class CommandProcess:
             if "exit-code" in status and not (self.timed_out or self.interrupted):
                 result.exit_code = status["exit-code"]
             result.setup_error = setup_error(result.exit_code, stderr_text, status)
+            if self.listener_missing and result.setup_error is None:
+                result.setup_error = "the sandbox's network listener was never handed to the proxy"
         if self._before is not None and self._plan is not None and result.setup_error is None:
             after = protected_scan.scan(self._plan.writable_roots)
             result.violations = protected_scan.neutralise(
@@ -222,38 +233,70 @@ class SandboxSession:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def environment(self, cwd: Path | None = None):
+    def environment(self, cwd: Path | None = None, network: NetworkMode = NetworkMode.NONE):
         """The filtered environment a sandboxed command gets (and the names dropped)."""
         overrides = {"TMPDIR": "/tmp", "TUISHELL_SANDBOX": self.policy.mode.value}
         if cwd is not None:
             overrides["PWD"] = str(cwd)
+        if network is NetworkMode.PROXY:
+            from tuishell.net.proxy import proxy_environment
+
+            overrides.update(proxy_environment())
         return sandbox_environment(self.host_env, self.env_passthrough, self.explicit_env, overrides)
 
-    def plan(self, command: Sequence[str], cwd: Path | None = None,
+    def plan(self, command: Sequence[str], cwd: Path | None = None, network: NetworkMode = NetworkMode.NONE,
              protected: ProtectedScan | None = None) -> SandboxPlan:
         """Scan the writable roots and build the plan for `command`."""
         if protected is None:
             protected = protected_scan.scan(self.policy.writable_roots, prepare=True)
         cwd = Path(os.path.normpath(cwd or Path.cwd()))
-        return build_plan(self.policy, command, cwd, self.tmp, protected, self.environment(cwd).env)
+        return build_plan(self.policy, command, cwd, self.tmp, protected,
+                          self.environment(cwd, network).env, network)
 
-    def spawn(self, plan: SandboxPlan, stdin=None, stdout=None, stderr=None) -> CommandProcess:
-        """Start `plan` under bwrap. The protected-path scan taken for the plan is reused."""
+    def spawn(self, plan: SandboxPlan, stdin=None, stdout=None, stderr=None,
+              proxy: "EgressProxy | None" = None, label: str | None = None) -> CommandProcess:
+        """Start `plan` under bwrap. The protected-path scan taken for the plan is reused.
+
+        In network mode "proxy", this returns only once the sandbox's proxy listener is in
+        `proxy`'s hands, so the command can never race it.
+        """
         if self.binary is None:
             raise RuntimeError("no bwrap binary: the sandbox is unavailable")
+        if (plan.network is NetworkMode.PROXY) != (proxy is not None):
+            raise ValueError("a proxy is needed exactly when the plan's network mode is proxy")
         seccomp = bpf_fd(plan.seccomp)
         status_read, status_write = os.pipe()
+        fds = [seccomp, status_write]
+        ours = theirs = None
+        if proxy is not None:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            fds.append(theirs.fileno())
         try:
-            argv = bwrap_argv(self.binary, plan, seccomp_fd=seccomp, status_fd=status_write)
+            argv = bwrap_argv(self.binary, plan, seccomp_fd=seccomp, status_fd=status_write,
+                              channel_fd=theirs.fileno() if theirs else None)
             popen = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=plan.environ,
-                                     pass_fds=(seccomp, status_write), start_new_session=True)
+                                     pass_fds=tuple(fds), start_new_session=True)
         except BaseException:
             os.close(status_read)
+            if ours is not None:
+                ours.close()
             raise
         finally:
             os.close(seccomp)
             os.close(status_write)
-        return CommandProcess(popen, True, self, plan, status_read, plan.scan)
+            if theirs is not None:
+                theirs.close()
+        process = CommandProcess(popen, True, self, plan, status_read, plan.scan)
+        if proxy is not None:
+            from tuishell.net.proxy import receive_listener
+
+            listener = receive_listener(ours)
+            if listener is None:
+                process.listener_missing = True
+            else:
+                proxy.add_listener(listener, label or " ".join(plan.command))
+                process.on_exit = lambda: proxy.remove_listener(listener)
+        return process
 
     def spawn_unsandboxed(self, command: Sequence[str], cwd: Path | None = None, stdin=None,
                           stdout=None, stderr=None) -> CommandProcess:
