@@ -176,6 +176,21 @@ def _splice_copy(src: socket.socket, dst: socket.socket) -> int:
         os.close(write_end)
 
 
+def _close_gracefully(conn: socket.socket) -> None:
+    """Close after the client has read our reply: unread input would make the kernel send a
+    reset that can destroy the reply (e.g. a 400 after garbage). Bounded: 1 s, 1 MiB."""
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(1.0)
+        drained = 0
+        while drained < (1 << 20) and (chunk := conn.recv(65536)):
+            drained += len(chunk)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
 class EgressProxy:
     """The proxy thread and its per-connection workers."""
 
@@ -288,7 +303,7 @@ class EgressProxy:
             if kind == "socks5":
                 self._socks5(conn, command)
             elif kind == "socks4":
-                conn.sendall(b"\x00\x5b" + bytes(6))  # SOCKS4 "request rejected"
+                conn.sendall(proto.socks4_rejected())
             else:
                 self._http(conn, command)
         except proto.ProtocolError as exc:
@@ -297,18 +312,13 @@ class EgressProxy:
             pass  # the client vanished or timed out; nothing to tell it
         finally:
             self.active -= 1
-            conn.close()
+            _close_gracefully(conn)
 
     def _protocol_error(self, conn: socket.socket, kind: str, exc: proto.ProtocolError, command: str) -> None:
         if self.audit:
             self.audit.record(command=command, decision="error", protocol=kind, error=exc.message)
         try:
-            if kind == "socks5":
-                conn.sendall(proto.socks5_reply(exc.socks_reply or proto.SOCKS_GENERAL_FAILURE))
-            else:
-                status = exc.status or 400
-                conn.sendall(proto.http_response(status, "Bad Request" if status == 400 else "Error",
-                                                 [("X-Proxy-Error", "bad-request")], f"{exc.message}\n".encode()))
+            conn.sendall(proto.error_reply(exc))
         except OSError:
             pass
 
@@ -326,8 +336,8 @@ class EgressProxy:
         if upstream is None:
             if decision is not None:
                 conn.sendall(proto.blocked_response(request.host, request.port, decision.rule,
-                                                    self._how_to_allow(request.host), denied=decision.verdict == "deny"
-                                                    and decision.rule is not None))
+                                                    self._how_to_allow(request.host, decision),
+                                                    denied=decision.rule is not None))
             else:
                 conn.sendall(proto.http_response(502, "Bad Gateway", [("X-Proxy-Error", "upstream-unreachable")],
                                                  f"cannot reach {request.host}:{request.port}\n".encode()))
@@ -375,7 +385,9 @@ class EgressProxy:
             upstream.close()
             self._log(command, request.host, request.port, address, decision, "socks5", relay)
 
-    def _how_to_allow(self, host: str) -> str:
+    def _how_to_allow(self, host: str, decision: Decision) -> str:
+        if decision.rule is None and decision.source is None:  # refused after resolving: the reason says how
+            return decision.reason
         return (f"allow it with --allow-domain {host}, or add it to network.allowedDomains in {self.rules_file}"
                 " (or answer the approval prompt with 'always')")
 

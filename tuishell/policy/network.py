@@ -542,7 +542,7 @@ def check_address(host: str, port: int, ip: IPAddress, allowed: Sequence[tuple[D
     """
     ip = _unmap(ip)
     text = str(ip)
-    kind = "address of this machine" if text in local_addresses else address_kind(ip)
+    kind = address_kind(ip) or ("address of this machine" if text in local_addresses else None)
     if kind is None or mapped:
         return None
     for rule, source in allowed:
