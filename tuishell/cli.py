@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tuishell", description="A sandboxed agent shell: commands run inside bubblewrap + seccomp.")
     parser.add_argument("--version", action="version", version=f"tuishell {__version__}")
+    _add_session_options(parser)
+    parser.add_argument("--theme", default="dark", choices=("dark", "light"), help="colour theme of the app")
     sub = parser.add_subparsers(dest="command_name")
 
     run = sub.add_parser("run", help="run one command in the sandbox",
@@ -94,10 +96,24 @@ def main(argv: list[str] | None = None) -> int:
 
         print(describe_keys())
         return 0
-    parser.print_help()
-    print("\nThe interactive app is not part of this version yet; "
-          "`tuishell run -- bash` gives you a sandboxed shell in the current directory.")
-    return 0
+    return _app(args)
+
+
+def _app(args: argparse.Namespace) -> int:
+    from tuishell.headless import EXIT_SETTINGS, _parse_resolve
+
+    workspace = (args.workspace or Path.cwd()).expanduser()
+    if not workspace.is_dir():
+        print(f"tuishell: --workspace {workspace}: not a directory", file=sys.stderr)
+        return EXIT_SETTINGS
+    try:
+        hosts = dict(_parse_resolve(args.resolve))
+    except ValueError as exc:
+        print(f"tuishell: invalid --resolve: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
+    from tuishell.app import run_app
+
+    return run_app(workspace.resolve(), _cli_values(args), args.settings, hosts, args.theme)
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -36,6 +36,8 @@ class Denial:
     what: str  # e.g. "write /etc/hosts"
     rule: str
     fix: str | None = None
+    operation: str | None = None  # "read" | "write" for path denials
+    path: Path | None = None
 
     def describe(self) -> str:
         """One line for stderr or the app."""
@@ -70,7 +72,7 @@ def find_denials(output: str, policy: SandboxPolicy, cwd: Path) -> list[Denial]:
                     verdict = explain_path(policy, path, op)
                     if not verdict.allowed:
                         key = f"{op} {verdict.path}"
-                        denials.setdefault(key, Denial(key, verdict.rule, verdict.fix))
+                        denials.setdefault(key, Denial(key, verdict.rule, verdict.fix, op, verdict.path))
                         break
         if any(s in line for s in _NETWORK):
             denials.setdefault("network", Denial(

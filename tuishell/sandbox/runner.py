@@ -245,12 +245,17 @@ class SandboxSession:
         return sandbox_environment(self.host_env, self.env_passthrough, self.explicit_env, overrides)
 
     def plan(self, command: Sequence[str], cwd: Path | None = None, network: NetworkMode = NetworkMode.NONE,
-             protected: ProtectedScan | None = None) -> SandboxPlan:
-        """Scan the writable roots and build the plan for `command`."""
+             protected: ProtectedScan | None = None, policy: SandboxPolicy | None = None) -> SandboxPlan:
+        """Scan the writable roots and build the plan for `command`.
+
+        `policy` overrides the session's for this one command (a "retry once with this path
+        writable" answer); the private /tmp stays the session's.
+        """
+        policy = policy or self.policy
         if protected is None:
-            protected = protected_scan.scan(self.policy.writable_roots, prepare=True)
+            protected = protected_scan.scan(policy.writable_roots, prepare=True)
         cwd = Path(os.path.normpath(cwd or Path.cwd()))
-        return build_plan(self.policy, command, cwd, self.tmp, protected,
+        return build_plan(policy, command, cwd, self.tmp, protected,
                           self.environment(cwd, network).env, network)
 
     def spawn(self, plan: SandboxPlan, stdin=None, stdout=None, stderr=None,

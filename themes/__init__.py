@@ -1,0 +1,1 @@
+"""tuishell's Textual themes (`.tcss`), installed as the package `tuishell.themes`."""

@@ -1,0 +1,430 @@
+"""The Textual app: a conversation, a live command pane, and the sandbox always in view.
+
+Thin by design: `tuishell.shell.ShellSession` runs commands through the same policy, sandbox and
+proxy as `tuishell run`; this module only renders, asks and forwards answers.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from importlib import resources
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from rich.syntax import Syntax
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.command import Hit, Hits, Provider
+from textual.containers import Vertical, VerticalScroll
+from textual.reactive import reactive
+from textual.widgets import Footer, Input, RichLog, Static
+
+from tuishell import paths
+from tuishell.net.approvals import Answer, ApprovalRequest
+from tuishell.policy.filesystem import Mode
+from tuishell.screens.approval import danger_modal, network_modal, violation_modal
+from tuishell.screens.panel import RulesScreen, SandboxPanel, panel_text
+from tuishell.shell import CommandRun, ShellSession, open_session
+
+THEMES = ("dark", "light")
+HISTORY_LIMIT = 500
+FLUSH_INTERVAL = 1 / 30  # the pane repaints at most 30 times a second, whatever the command does
+MAX_LINES_PER_FLUSH = 2000
+
+SLASH_COMMANDS = {
+    "/sandbox": "show what the sandbox enforces (backend, checks, paths, network rules, violations)",
+    "/mode": "/mode read-only|workspace-write|danger-full-access — switch the filesystem mode",
+    "/rules": "list persisted rules with their files; Delete removes one",
+    "/allow": "/allow DOMAIN — allow a domain always (writes your user settings)",
+    "/deny": "/deny DOMAIN — deny a domain always (writes your user settings)",
+    "/clear": "clear the conversation and the command pane",
+    "/help": "keys and commands",
+    "/quit": "quit (stops every running command)",
+}
+
+
+def theme_css(name: str) -> list[str]:
+    """The stylesheet files of a theme (base + colours)."""
+    if name not in THEMES:
+        raise ValueError(f"unknown theme {name!r}; choose one of: {', '.join(THEMES)}")
+    folder = resources.files("tuishell.themes")
+    return [str(folder / "base.tcss"), str(folder / f"{name}.tcss")]
+
+
+class StatusBar(Static):
+    """Mode, sandbox state, proxy state and model, always visible."""
+
+    HELP = "The mode, whether commands are sandboxed, the proxy and pending questions."
+    mode = reactive("")
+    sandbox = reactive("")
+    proxy = reactive("")
+
+    def render(self) -> Text:
+        text = Text()
+        text.append(f" {self.mode} ", style="reverse" if "DANGER" in self.mode else "bold")
+        text.append(f" │ {self.sandbox} │ {self.proxy} │ model: none yet ")
+        return text
+
+
+class HistoryInput(Input):
+    """The prompt line, with history on up/down (kept across runs in the state dir)."""
+
+    HELP = "!CMD runs a command in the sandbox; /help lists the slash commands."
+    BINDINGS = [Binding("up", "older", show=False), Binding("down", "newer", show=False)]
+
+    def __init__(self, history_file: Path, **kw):
+        super().__init__(placeholder="!command to run in the sandbox, or /help", **kw)
+        self.history_file = history_file
+        try:
+            self.history = history_file.read_text().splitlines()[-HISTORY_LIMIT:]
+        except OSError:
+            self.history = []
+        self._index = len(self.history)
+
+    def remember(self, line: str) -> None:
+        """Add a submitted line to the history and its file."""
+        if line and (not self.history or self.history[-1] != line):
+            self.history.append(line)
+            try:
+                self.history_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                with self.history_file.open("a") as fh:
+                    fh.write(line.replace("\n", " ") + "\n")
+            except OSError:
+                pass
+        self._index = len(self.history)
+
+    def action_older(self) -> None:
+        if self._index > 0:
+            self._index -= 1
+            self.value = self.history[self._index]
+            self.cursor_position = len(self.value)
+
+    def action_newer(self) -> None:
+        if self._index < len(self.history):
+            self._index += 1
+            self.value = self.history[self._index] if self._index < len(self.history) else ""
+            self.cursor_position = len(self.value)
+
+
+class CommandCard(Static):
+    """A command in the conversation: highlighted, with its status, exit code and duration."""
+
+    def __init__(self, run: CommandRun):
+        super().__init__(classes="card command-card")
+        self.run = run
+
+    def render(self):
+        from rich.console import Group
+
+        run = self.run
+        if run.result is None:
+            status, cls = "running…", "running"
+        else:
+            code = run.result.exit_code
+            status = f"exit {code} · {run.result.duration:.2f}s"
+            status += "" if run.sandboxed else " · ⚠ UNSANDBOXED"
+        head = Text(f"{run.mode.label} › ", style="dim")
+        return Group(head + Text(status, style="bold"), Syntax(run.command, "bash", theme="ansi_dark",
+                                                              background_color="default", word_wrap=True))
+
+
+class SlashCommands(Provider):
+    """The slash commands in the command palette."""
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, help_text in SLASH_COMMANDS.items():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), lambda name=name: self.app.slash(name), help=help_text)
+
+
+class TuishellApp(App):
+    """tuishell's terminal UI."""
+
+    TITLE = "tuishell"
+    COMMANDS = App.COMMANDS | {SlashCommands}
+    BINDINGS = [
+        Binding("ctrl+c", "stop", "Stop command", priority=True),
+        Binding("f2", "toggle_mode", "Read-only ⇄ write"),
+        Binding("f3", "sandbox_panel", "/sandbox"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, workspace: Path, cli_values: Mapping | None = None, settings_files: Sequence[Path] = (),
+                 hosts: Mapping[str, str] | None = None, theme: str = "dark"):
+        super().__init__(css_path=theme_css(theme))
+        self.workspace = workspace
+        self.cli_values = dict(cli_values or {})
+        self.settings_files = tuple(settings_files)
+        self.hosts = dict(hosts or {})
+        self.theme_name = theme
+        self.shell: ShellSession | None = None
+        self.banners: list[tuple[str, str]] = []
+        self.current: CommandRun | None = None
+        self._questions: list[tuple[ApprovalRequest, Future]] = []
+        self._asking = False
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        yield Vertical(id="banners")
+        with Vertical(id="main"):
+            yield VerticalScroll(id="conversation")
+            yield RichLog(id="pane", max_lines=5000, wrap=False, markup=False, auto_scroll=True)
+        yield HistoryInput(paths.state_dir() / "history", id="prompt")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.theme = "textual-light" if self.theme_name == "light" else "textual-dark"
+        self.shell, self.banners = open_session(self.workspace, self.cli_values, self.settings_files,
+                                                self.hosts, self._asker)
+        for kind, text in self.banners:
+            self.query_one("#banners").mount(Static(text, classes=f"banner {kind}", markup=False))
+        self.say(f"Workspace: {self.workspace}. Type !CMD to run a command in the sandbox, /help for more.")
+        self.refresh_status()
+        self.set_interval(FLUSH_INTERVAL, self._flush_output)
+        self.set_interval(0.5, self.refresh_status)
+        self.query_one("#prompt").focus()
+
+    def say(self, text: str, kind: str = "note") -> Static:
+        """Add a message to the conversation."""
+        card = Static(text, classes=f"card {kind}", markup=False)
+        conversation = self.query_one("#conversation")
+        conversation.mount(card)
+        conversation.scroll_end(animate=False)
+        return card
+
+    def refresh_status(self) -> None:
+        """Recompute the status bar."""
+        shell = self.shell
+        if shell is None:
+            return
+        bar = self.query_one(StatusBar)
+        bar.mode = shell.mode.label
+        if shell.mode is Mode.DANGER_FULL_ACCESS:
+            bar.sandbox = "⚠ UNSANDBOXED: danger-full-access"
+        elif shell.broken:
+            bar.sandbox = "✗ settings broken: commands refused"
+        elif shell.session is None:
+            bar.sandbox = f"⚠ unsandboxed: {shell.unavailable}" if shell.refusal() is None else "✗ sandbox unavailable: commands refused"
+        else:
+            bar.sandbox = f"✓ bwrap {shell.session.binary.kind}"
+        if shell.proxy is None:
+            bar.proxy = "network: none"
+        else:
+            pending = shell.proxy.broker.pending()
+            bar.proxy = f"proxy: {'listening' if shell.proxy.alive else 'STOPPED'}" + (
+                f", {pending} question(s)" if pending else "")
+
+    # ------------------------------------------------------------------ input
+
+    @on(Input.Submitted, "#prompt")
+    def _submitted(self, event: Input.Submitted) -> None:
+        line = event.value.strip()
+        prompt = self.query_one(HistoryInput)
+        prompt.value = ""
+        if not line:
+            return
+        prompt.remember(line)
+        if line.startswith("!"):
+            self.run_shell(line[1:].strip())
+        elif line.startswith("/"):
+            self.slash(line)
+        else:
+            self.say(f"> {line}", "user")
+            self.say("The local agent arrives in a later version; use !CMD to run a command.")
+
+    def run_shell(self, command: str, **kw) -> None:
+        """Run a command line in the sandbox, streaming into the pane."""
+        if not command:
+            return
+        if self.current is not None and self.current.running:
+            self.say("A command is still running; Ctrl+C stops it.", "warning")
+            return
+        pane = self.query_one("#pane", RichLog)
+        pane.write(Text(f"$ {command}", style="bold"))
+        run = self.shell.run_command(command, lambda r: self.call_from_thread(self._finished, r), **kw)
+        self.current = run
+        card = CommandCard(run)
+        run.card = card
+        conversation = self.query_one("#conversation")
+        conversation.mount(card)
+        conversation.scroll_end(animate=False)
+
+    def _flush_output(self) -> None:
+        run = self.current
+        if run is None:
+            return
+        lines, skipped = run.output.take()
+        if not lines and not skipped:
+            return
+        pane = self.query_one("#pane", RichLog)
+        if skipped or len(lines) > MAX_LINES_PER_FLUSH:
+            skipped += max(0, len(lines) - MAX_LINES_PER_FLUSH)
+            lines = lines[-MAX_LINES_PER_FLUSH:]
+            pane.write(Text(f"… {skipped} lines not shown (output too fast to display) …", style="dim"))
+        pane.write(Text.from_ansi("\n".join(lines)))
+
+    def _finished(self, run: CommandRun) -> None:
+        self._flush_output()
+        run.card.refresh()
+        for violation in run.result.violations:
+            self.say(f"⚠ {violation.describe()}", "warning")
+        if run.denials and run.sandboxed:
+            self._offer_violation(run)
+
+    def _offer_violation(self, run: CommandRun) -> None:
+        from tuishell.settings import add_list_item
+
+        write = next((d for d in run.denials if d.operation == "write" and d.path is not None), None)
+        target = None
+        if write is not None:
+            target = write.path if write.path.is_dir() else write.path.parent
+        rules_file = paths.user_settings_file()
+        modal = violation_modal(run.command, [d.describe() for d in run.denials], str(target) if target else None,
+                                str(rules_file), self.shell.may_run_unsandboxed())
+
+        def answered(answer) -> None:
+            if answer.action == "retry":
+                self.run_shell(run.command, extra_writable=[target])
+            elif answer.action == "always":
+                add_list_item(rules_file, "filesystem.allowWrite", str(target))
+                self.shell.reload()  # the policy now includes the new rule
+                self.say(f"Rule written: filesystem.allowWrite += {target} in {rules_file}")
+            elif answer.action == "unsandboxed":
+                self.run_shell(run.command, unsandboxed=True)
+
+        self.push_screen(modal, answered)
+
+    # ------------------------------------------------------------------ approvals
+
+    def _asker(self, request: ApprovalRequest, future: Future) -> None:
+        """Called from a proxy thread: queue the question on the UI thread."""
+        self.call_from_thread(self._queue_question, request, future)
+
+    def _queue_question(self, request: ApprovalRequest, future: Future) -> None:
+        self._questions.append((request, future))
+        self.refresh_status()
+        self._next_question()
+
+    def _next_question(self) -> None:
+        while self._questions and not self._asking:
+            request, future = self._questions.pop(0)
+            if future.done():
+                continue  # withdrawn (timed out) before it was shown
+            self._asking = True
+
+            def answered(answer: Answer, request=request, future=future) -> None:
+                self._asking = False
+                if not future.done():
+                    future.set_result(answer)
+                if answer in (Answer.ALLOW_ALWAYS, Answer.DENY_ALWAYS):
+                    self.say(f"Rule written: {request.host} → {answer.value} in {request.rules_file}")
+                self.refresh_status()
+                self._next_question()
+
+            self.push_screen(network_modal(request), answered)
+
+    # ------------------------------------------------------------------ actions
+
+    def action_stop(self) -> None:
+        """Ctrl+C: stop the running command and everything it started."""
+        if self.current is not None and self.current.running:
+            self.current.stop()
+            self.say("Stopped.", "warning")
+
+    def action_toggle_mode(self) -> None:
+        """F2: read-only ⇄ workspace-write (danger-full-access only via /mode)."""
+        new = Mode.READ_ONLY if self.shell.mode is not Mode.READ_ONLY else Mode.WORKSPACE_WRITE
+        self.shell.set_mode(new)
+        self.say(f"Mode: {new.label}")
+        self.refresh_status()
+
+    def action_sandbox_panel(self) -> None:
+        """F3 or /sandbox."""
+        from tuishell.sandbox.status import sandbox_status
+
+        self.push_screen(SandboxPanel(panel_text(self.shell, sandbox_status(run_probe=False))))
+
+    async def action_quit(self) -> None:
+        """Quit, leaving no process behind."""
+        if self.shell is not None:
+            self.shell.stop_all()
+        self.exit()
+
+    def slash(self, line: str) -> None:
+        """Run a slash command."""
+        from tuishell.settings import SettingsError, add_list_item
+
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        if name == "/sandbox":
+            self.action_sandbox_panel()
+        elif name == "/mode":
+            self._set_mode(arg)
+        elif name == "/rules":
+            self.push_screen(RulesScreen(self.workspace))
+        elif name in ("/allow", "/deny"):
+            key = "network.allowedDomains" if name == "/allow" else "network.deniedDomains"
+            target = paths.user_settings_file()
+            try:
+                add_list_item(target, key, arg)
+            except SettingsError as exc:
+                self.say(f"Not written: {exc}", "error")
+                return
+            self.say(f"Rule written: {key} += {arg} in {target}")
+        elif name == "/clear":
+            self.query_one("#conversation").remove_children()
+            self.query_one("#pane", RichLog).clear()
+        elif name == "/help":
+            self.say(self.help_text())
+        elif name == "/quit":
+            self.call_later(self.action_quit)
+        else:
+            self.say(f"Unknown command {name}; /help lists them.", "error")
+
+    def _set_mode(self, arg: str) -> None:
+        try:
+            mode = Mode(arg)
+        except ValueError:
+            self.say(f"/mode takes one of: {', '.join(m.value for m in Mode)}", "error")
+            return
+        if mode is not Mode.DANGER_FULL_ACCESS:
+            self.shell.set_mode(mode)
+            self.say(f"Mode: {mode.label}")
+            self.refresh_status()
+            return
+        if not self.shell.may_run_unsandboxed():
+            self.say("Refused: sandbox.allowUnsandboxedCommands = false forbids danger-full-access.", "error")
+            return
+
+        def confirmed(yes: bool) -> None:
+            if yes:
+                self.shell.set_mode(mode)
+                self.say("Mode: DANGER full access — commands run with NO sandbox.", "warning")
+                self.refresh_status()
+
+        self.push_screen(danger_modal(), confirmed)
+
+    def help_text(self) -> str:
+        """Keys and slash commands."""
+        lines = ["Keys: Ctrl+C stop the command · F2 read-only ⇄ workspace-write · F3 sandbox panel · "
+                 "Ctrl+P command palette · Ctrl+Q quit", "Commands:"]
+        lines += [f"  {name:<9} {text}" for name, text in SLASH_COMMANDS.items()]
+        lines.append("  !CMD      run CMD in the sandbox (output streams into the pane below)")
+        return "\n".join(lines)
+
+
+def run_app(workspace: Path, cli_values: Mapping, settings_files: Sequence[Path], hosts: Mapping[str, str],
+            theme: str) -> int:
+    """`tuishell` with no subcommand."""
+    app = TuishellApp(workspace, cli_values, settings_files, hosts, theme)
+    app.run()
+    if app.shell is not None:
+        app.shell.stop_all()
+    return 0
