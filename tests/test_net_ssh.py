@@ -299,7 +299,7 @@ def test_ssh_to_a_host_that_is_not_allowed_fails_with_the_proxys_explanation(me,
     assert [e["decision"] for e in _audit(me) if e.get("host") == "code.test"] == ["deny"]
 
 
-def test_unprivileged_user_clones_over_ssh(who, sshd):
+def test_git_clones_over_ssh_as_each_identity_with_each_bwrap(who, sshd):
     key = _with_key(who, sshd)
     url = f"ssh://{sshd.user}@code.test:{sshd.port}{sshd.repo}"
     script = (f'GIT_SSH_COMMAND="$GIT_SSH_COMMAND -i {key} -o BatchMode=yes {_NO_HOST_CHECK}" '

@@ -32,7 +32,7 @@ from tuishell.shell import CommandRun, ShellSession, open_session
 THEMES = ("dark", "light")
 HISTORY_LIMIT = 500
 FLUSH_INTERVAL = 1 / 30  # the pane repaints at most 30 times a second, whatever the command does
-MAX_LINES_PER_FLUSH = 2000
+MAX_LINES_PER_FLUSH = 200  # several screens; more would only slow the command down
 
 SLASH_COMMANDS = {
     "/sandbox": "show what the sandbox enforces (backend, checks, paths, network rules, violations)",
@@ -260,15 +260,14 @@ class TuishellApp(App):
         run = self.current
         if run is None:
             return
-        lines, skipped = run.output.take()
+        lines, skipped = run.output.take(MAX_LINES_PER_FLUSH)
         if not lines and not skipped:
             return
         pane = self.query_one("#pane", RichLog)
-        if skipped or len(lines) > MAX_LINES_PER_FLUSH:
-            skipped += max(0, len(lines) - MAX_LINES_PER_FLUSH)
-            lines = lines[-MAX_LINES_PER_FLUSH:]
+        if skipped:
             pane.write(Text(f"… {skipped} lines not shown (output too fast to display) …", style="dim"))
-        pane.write(Text.from_ansi("\n".join(lines)))
+        text = "\n".join(lines)
+        pane.write(Text.from_ansi(text) if "\x1b" in text else Text(text))
 
     def _finished(self, run: CommandRun) -> None:
         self._flush_output()

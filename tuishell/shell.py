@@ -13,6 +13,7 @@ import os
 import select
 import subprocess
 import threading
+import tty
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,51 +24,67 @@ from tuishell.sandbox.denials import Denial, find_denials
 from tuishell.sandbox.runner import CommandProcess, RunResult, SandboxSession
 from tuishell.sandbox.scan import Violation
 
-#: Lines kept in memory for the live pane; older ones are dropped (memory stays bounded).
+#: Lines the live pane keeps; older ones are dropped (memory stays bounded).
 MAX_LINES = 5000
+#: Bytes of raw output kept between the reader and the screen.
+MAX_BYTES = 4 * 1024 * 1024
 TAIL_BYTES = 64 * 1024
 
 
 class OutputBuffer:
-    """Thread-safe, bounded line buffer between a command's reader thread and the screen.
+    """Thread-safe, bounded buffer between a command's reader thread and the screen.
 
-    The reader appends as fast as the command writes (the command is never slowed down by the
-    UI); the UI takes what is new at its own pace. If more than `max_lines` arrive between two
-    takes, the oldest are skipped and the UI is told how many.
+    The reader appends raw bytes as fast as the command writes — the command is never slowed
+    down by the UI — and only the newest `max_bytes` are kept. The UI takes what is new at its
+    own pace, as at most `limit` lines; if more arrived since the last take, it is told how many
+    it skipped. Splitting into lines happens only for what is shown.
     """
 
-    def __init__(self, max_lines: int = MAX_LINES):
-        self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
-        self._partial = ""
+    def __init__(self, max_bytes: int = MAX_BYTES):
+        self._data = bytearray()
         self._lock = threading.Lock()
-        self._taken = 0
-        self.total = 0
+        self._max = max_bytes
+        self._bytes = 0  # ever appended
+        self._taken_bytes = 0
+        self._taken_lines = 0
+        self._closed = False
+        self.total = 0  # complete lines ever appended
 
     def append(self, chunk: bytes) -> None:
         """Add raw output (may end mid-line)."""
-        text = self._partial + chunk.decode("utf-8", "replace")
-        *complete, self._partial = text.split("\n")
         with self._lock:
-            self._lines.extend(line.rstrip("\r") for line in complete)
-            self.total += len(complete)
+            self._data += chunk
+            self._bytes += len(chunk)
+            self.total += chunk.count(b"\n")
+            if len(self._data) > 2 * self._max:
+                del self._data[:-self._max]
 
     def close(self) -> None:
         """The command ended: a last partial line counts as a line."""
-        if self._partial:
-            with self._lock:
-                self._lines.append(self._partial)
-                self.total += 1
-            self._partial = ""
-
-    def take(self) -> tuple[list[str], int]:
-        """(new lines, how many were skipped because they fell out of the buffer)."""
         with self._lock:
-            new = self.total - self._taken
-            available = min(new, len(self._lines))
-            lines = list(self._lines)[len(self._lines) - available:] if available else []
-            skipped = new - available
-            self._taken = self.total
-        return lines, skipped
+            if self._data and not self._data.endswith(b"\n"):
+                self._data += b"\n"
+                self._bytes += 1
+                self.total += 1
+            self._closed = True
+
+    def take(self, limit: int = MAX_LINES) -> tuple[list[str], int]:
+        """(new complete lines — the last `limit` of them —, how many new lines were skipped)."""
+        with self._lock:
+            new_bytes = min(self._bytes - self._taken_bytes, len(self._data))
+            region = bytes(self._data[len(self._data) - new_bytes:]) if new_bytes else b""
+            end = region.rfind(b"\n") + 1  # hold back a partial last line until it is complete
+            new_lines = region.count(b"\n", 0, end)
+            self._taken_bytes += end + (self._bytes - self._taken_bytes - new_bytes)
+            lost = self.total - self._taken_lines - new_lines  # fell out of the buffer entirely
+            self._taken_lines = self.total
+        start = end  # walk back over the last `limit` lines only: a flood is never split whole
+        for _ in range(min(limit, new_lines)):
+            if start <= 0:
+                break
+            start = region.rfind(b"\n", 0, start - 1) + 1
+        lines = [line.rstrip("\r") for line in region[start:end].decode("utf-8", "replace").split("\n")[:-1]]
+        return lines, new_lines - len(lines) + max(0, lost)
 
 
 @dataclass
@@ -178,6 +195,7 @@ class ShellSession:
     def _execute(self, run: CommandRun, on_done, extra_writable: tuple[Path, ...]) -> None:
         argv = [_shell(), "-c", run.command]
         master, slave = os.openpty()
+        tty.setraw(slave)  # no \n -> \r\n translation; programs still see a terminal (colours)
         try:
             if run.sandboxed:
                 from tuishell.sandbox.plan import NetworkMode

@@ -37,8 +37,9 @@ What a user does, since ssh's usual inputs are not available inside the sandbox:
   with the agent can sign with *every* key in it, for any host the proxy lets it reach.
 - **Plain ssh, scp, rsync.** ``$GIT_SSH_COMMAND`` is an ssh command line:
   ``$GIT_SSH_COMMAND -i ./key user@host``, ``rsync -e "$GIT_SSH_COMMAND -i ./key" ...``.
-- A user's own ``--env GIT_SSH_COMMAND=...`` is replaced by the sandbox's (its variables win);
-  extend it inside the command as above.
+- A user's own ``--env GIT_SSH_COMMAND=...`` is replaced by the sandbox's (its variables win),
+  and git prefers ``GIT_SSH_COMMAND`` to a repository's ``core.sshCommand``: extend the variable
+  inside the command as above instead.
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ def main(argv):
     try:
         sock = socket.create_connection((proxy_host, int(proxy_port)), timeout=10)
     except OSError as exc:
-        fail("cannot reach tuishell's proxy at %s: %s" % (proxy, exc.strerror or exc))
+        fail("cannot reach tuishell's proxy at %s: %s (if tuishell's proxy stopped, run the "
+             "command again)" % (proxy, exc.strerror or exc))
     # No timeout from here on: the proxy may be waiting for the user to answer an approval.
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -191,7 +193,7 @@ if __name__ == "__main__":
 
 
 def proxy_command(connector_path: str, python: str) -> str:
-    """ssh's ProxyCommand (run by ssh through /bin/sh) that starts the connector for %h %p."""
+    """ssh's ProxyCommand (ssh runs it through $SHELL -c) that starts the connector for %h %p."""
     return f"{shlex.quote(python)} -I -S {shlex.quote(connector_path)} %h %p"
 
 

@@ -18,6 +18,7 @@ import shutil
 import socket
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -233,15 +234,23 @@ class SandboxSession:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def environment(self, cwd: Path | None = None, network: NetworkMode = NetworkMode.NONE):
-        """The filtered environment a sandboxed command gets (and the names dropped)."""
+    def environment(self, cwd: Path | None = None, network: NetworkMode = NetworkMode.NONE,
+                    ssh_connector: str | None = None):
+        """The filtered environment a sandboxed command gets (and the names dropped).
+
+        `ssh_connector` (proxy mode): the in-sandbox path of the ssh ProxyCommand helper.
+        """
         overrides = {"TMPDIR": "/tmp", "TUISHELL_SANDBOX": self.policy.mode.value}
         if cwd is not None:
             overrides["PWD"] = str(cwd)
         if network is NetworkMode.PROXY:
             from tuishell.net.proxy import proxy_environment
+            from tuishell.net.ssh import ssh_environment
 
             overrides.update(proxy_environment())
+            if ssh_connector is not None:
+                # The real interpreter, not a venv link (which may live under the hidden host /tmp).
+                overrides.update(ssh_environment(ssh_connector, os.path.realpath(sys.executable)))
         return sandbox_environment(self.host_env, self.env_passthrough, self.explicit_env, overrides)
 
     def plan(self, command: Sequence[str], cwd: Path | None = None, network: NetworkMode = NetworkMode.NONE,
@@ -255,8 +264,13 @@ class SandboxSession:
         if protected is None:
             protected = protected_scan.scan(policy.writable_roots, prepare=True)
         cwd = Path(os.path.normpath(cwd or Path.cwd()))
+        connector = None
+        if network is NetworkMode.PROXY:
+            from tuishell.net.ssh import install_connector
+
+            connector = install_connector(self.tmp)  # git over ssh: a ProxyCommand through the proxy
         return build_plan(policy, command, cwd, self.tmp, protected,
-                          self.environment(cwd, network).env, network)
+                          self.environment(cwd, network, connector).env, network)
 
     def spawn(self, plan: SandboxPlan, stdin=None, stdout=None, stderr=None,
               proxy: "EgressProxy | None" = None, label: str | None = None) -> CommandProcess:

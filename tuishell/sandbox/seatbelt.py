@@ -298,7 +298,7 @@ def build_profile(plan: SandboxPlan, proxy_port: int | None, log_tag: str) -> Se
         # A parameter works here too ("localhost:PORT"; SBPL accepts only * or localhost as the
         # host). The port is ours, an int checked above, so splicing it would be safe as well.
         params.append(("PROXY_ADDR", f"localhost:{proxy_port}"))
-        lines += ["; Only outbound TCP to the egress proxy, which listens on the host's loopback.",
+        lines += ["; Only outbound connections to the egress proxy's port on the host's loopback.",
                   '(allow network-outbound (remote ip (param "PROXY_ADDR")))']
     if plan.seccomp.allow_unix_sockets:
         lines += ["; network.allowUnixSockets (reduces security): connect to any unix socket, as on",
@@ -350,7 +350,8 @@ def log_stream_argv(log_tag: str) -> list[str]:
     return [LOG_BIN, "stream", "--style", "ndjson", "--predicate", predicate]
 
 
-_REPORT = re.compile(r"Sandbox: (?P<process>.+?)\((?P<pid>\d+)\) deny\(\d+\) (?P<operation>\S+) ?(?P<target>.*)")
+_REPORT = re.compile(r"Sandbox: (?P<process>.+?)\((?P<pid>\d+)\) deny\(\d+\) "
+                     r"(?P<operation>\S+) ?(?P<target>.*)")
 
 
 def _event_text(item: str) -> str:
