@@ -186,7 +186,7 @@ def test_pip_installs_from_a_local_index_through_the_proxy(me, tmp_path):
     port = server.server_address[1]
     try:
         target = me.workspace / "site"
-        result = _net(me, f"{sys.executable} -m pip install -q --no-cache-dir --disable-pip-version-check "
+        result = _net(me, f"{os.path.realpath(sys.executable)} -m pip install -q --no-cache-dir --disable-pip-version-check "
                           f"--index-url http://pypi.test:{port}/simple/ --trusted-host pypi.test --target {target} tuishell-probe-pkg",
                       "--resolve", "pypi.test=127.0.0.1", "--allow-domain", "pypi.test")
     finally:

@@ -195,7 +195,7 @@ def test_unknown_table_lists_the_tables_that_exist(env):
         load(env)
     assert caught.value.key == "sandbx"
     assert caught.value.message.startswith("unknown table [sandbx]; did you mean [sandbox]?")
-    assert "Valid tables: [sandbox], [filesystem], [network], [environment]" in caught.value.message
+    assert "Valid tables: [sandbox], [filesystem], [network], [agent], [environment]" in caught.value.message
 
 
 def test_unknown_key_on_the_command_line_suggests_the_full_key(env):

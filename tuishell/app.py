@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -40,6 +41,10 @@ SLASH_COMMANDS = {
     "/rules": "list persisted rules with their files; Delete removes one",
     "/allow": "/allow DOMAIN — allow a domain always (writes your user settings)",
     "/deny": "/deny DOMAIN — deny a domain always (writes your user settings)",
+    "/model": "list the server's models and switch (/model NAME switches directly)",
+    "/approvals": "/approvals on-request|untrusted|never — when the agent's actions need your answer",
+    "/new": "start a fresh conversation with the agent",
+    "/resume": "list saved conversations and continue one",
     "/clear": "clear the conversation and the command pane",
     "/help": "keys and commands",
     "/quit": "quit (stops every running command)",
@@ -50,7 +55,10 @@ def theme_css(name: str) -> list[str]:
     """The stylesheet files of a theme (base + colours)."""
     if name not in THEMES:
         raise ValueError(f"unknown theme {name!r}; choose one of: {', '.join(THEMES)}")
-    folder = resources.files("tuishell.themes")
+    try:  # installed: the repository's themes/ is the package tuishell.themes
+        folder = resources.files("tuishell.themes")
+    except ModuleNotFoundError:  # running from a source checkout
+        folder = Path(__file__).resolve().parent.parent / "themes"
     return [str(folder / "base.tcss"), str(folder / f"{name}.tcss")]
 
 
@@ -61,11 +69,12 @@ class StatusBar(Static):
     mode = reactive("")
     sandbox = reactive("")
     proxy = reactive("")
+    model = reactive("model: —")
 
     def render(self) -> Text:
         text = Text()
         text.append(f" {self.mode} ", style="reverse" if "DANGER" in self.mode else "bold")
-        text.append(f" │ {self.sandbox} │ {self.proxy} │ model: none yet ")
+        text.append(f" │ {self.sandbox} │ {self.proxy} │ {self.model} ")
         return text
 
 
@@ -151,12 +160,20 @@ class TuishellApp(App):
         Binding("ctrl+c", "stop", "Stop command", priority=True),
         Binding("f2", "toggle_mode", "Read-only ⇄ write"),
         Binding("f3", "sandbox_panel", "/sandbox"),
+        Binding("escape", "cancel_turn", "Cancel turn", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
     def __init__(self, workspace: Path, cli_values: Mapping | None = None, settings_files: Sequence[Path] = (),
-                 hosts: Mapping[str, str] | None = None, theme: str = "dark"):
+                 hosts: Mapping[str, str] | None = None, theme: str = "dark", base_url: str | None = None,
+                 model: str | None = None, approvals: str | None = None):
         super().__init__(css_path=theme_css(theme))
+        self.base_url, self.model_name, self.approvals_flag = base_url, model, approvals
+        self.agent = None
+        self.model_problem: str | None = "not connected yet"
+        self._agent_text: list[str] = []
+        self._agent_card: Static | None = None
+        self._agent_commands: set[str] = set()
         self.workspace = workspace
         self.cli_values = dict(cli_values or {})
         self.settings_files = tuple(settings_files)
@@ -185,7 +202,9 @@ class TuishellApp(App):
                                                 self.hosts, self._asker)
         for kind, text in self.banners:
             self.query_one("#banners").mount(Static(text, classes=f"banner {kind}", markup=False))
-        self.say(f"Workspace: {self.workspace}. Type !CMD to run a command in the sandbox, /help for more.")
+        self.say(f"Workspace: {self.workspace}. Type a message for the agent, !CMD to run a command in "
+                 "the sandbox, /help for more.")
+        self.connect_agent(startup=True)
         self.refresh_status()
         self.set_interval(FLUSH_INTERVAL, self._flush_output)
         self.set_interval(0.5, self.refresh_status)
@@ -214,6 +233,10 @@ class TuishellApp(App):
             bar.sandbox = f"⚠ unsandboxed: {shell.unavailable}" if shell.refusal() is None else "✗ sandbox unavailable: commands refused"
         else:
             bar.sandbox = f"✓ bwrap {shell.session.binary.kind}"
+        if self.agent is not None and self.model_problem is None:
+            bar.model = f"model: {self.agent.client.config.model} · {self.agent.approvals.value}"
+        else:
+            bar.model = "model: ✗ not connected"
         if shell.proxy is None:
             bar.proxy = "network: none"
         else:
@@ -237,7 +260,7 @@ class TuishellApp(App):
             self.slash(line)
         else:
             self.say(f"> {line}", "user")
-            self.say("The local agent arrives in a later version; use !CMD to run a command.")
+            self.agent_turn(line)
 
     def run_shell(self, command: str, **kw) -> None:
         """Run a command line in the sandbox, streaming into the pane."""
@@ -246,17 +269,25 @@ class TuishellApp(App):
         if self.current is not None and self.current.running:
             self.say("A command is still running; Ctrl+C stops it.", "warning")
             return
-        pane = self.query_one("#pane", RichLog)
-        pane.write(Text(f"$ {command}", style="bold"))
         run = self.shell.run_command(command, lambda r: self.call_from_thread(self._finished, r), **kw)
+        self._show_run(run, "you")
+
+    def _show_run(self, run: CommandRun, who: str) -> None:
+        """A command card in the conversation; its output streams into the pane."""
+        self.query_one("#pane", RichLog).write(Text(f"$ {run.command}" + ("  (agent)" if who == "agent" else ""),
+                                                    style="bold"))
         self.current = run
-        card = CommandCard(run)
-        run.card = card
+        run.card = CommandCard(run)
         conversation = self.query_one("#conversation")
-        conversation.mount(card)
+        conversation.mount(run.card)
         conversation.scroll_end(animate=False)
 
     def _flush_output(self) -> None:
+        if self._agent_text and self._agent_card is not None:
+            self._agent_card.update(self._agent_card.text + "".join(self._agent_text))
+            self._agent_card.text += "".join(self._agent_text)
+            self._agent_text.clear()
+            self.query_one("#conversation").scroll_end(animate=False)
         run = self.current
         if run is None:
             return
@@ -269,24 +300,27 @@ class TuishellApp(App):
         text = "\n".join(lines)
         pane.write(Text.from_ansi(text) if "\x1b" in text else Text(text))
 
-    def _finished(self, run: CommandRun) -> None:
+    def _finished(self, run: CommandRun, offer: bool = True) -> None:
         self._flush_output()
-        run.card.refresh()
+        if run.card is not None:
+            run.card.refresh()
         for violation in run.result.violations:
             self.say(f"⚠ {violation.describe()}", "warning")
-        if run.denials and run.sandboxed:
+        if offer and run.denials and run.sandboxed:
             self._offer_violation(run)
 
-    def _offer_violation(self, run: CommandRun) -> None:
+    def _offer_violation(self, run: CommandRun, retry: bool = True) -> None:
         from tuishell.settings import add_list_item
 
-        write = next((d for d in run.denials if d.operation == "write" and d.path is not None), None)
+        # Only a path outside the writable roots can be opened up; protected names never can.
+        write = next((d for d in run.denials if d.operation == "write" and d.path is not None
+                      and "protected" not in d.rule), None)
         target = None
         if write is not None:
             target = write.path if write.path.is_dir() else write.path.parent
         rules_file = paths.user_settings_file()
         modal = violation_modal(run.command, [d.describe() for d in run.denials], str(target) if target else None,
-                                str(rules_file), self.shell.may_run_unsandboxed())
+                                str(rules_file), retry and self.shell.may_run_unsandboxed(), retry=retry)
 
         def answered(answer) -> None:
             if answer.action == "retry":
@@ -300,7 +334,128 @@ class TuishellApp(App):
 
         self.push_screen(modal, answered)
 
-    # ------------------------------------------------------------------ approvals
+    # ------------------------------------------------------------------ agent
+
+    def connect_agent(self, startup: bool = False, then: str | None = None) -> None:
+        """Reach the model server in the background; a banner says how to fix it if it is not there."""
+        import threading
+
+        from tuishell.agent.client import ChatClient, ModelError
+        from tuishell.agent.session import Agent, ApprovalPolicy, model_config
+
+        def work() -> None:
+            try:
+                config = model_config(self.shell.settings, self.base_url, self.model_name)
+                client = ChatClient(config)
+                models = client.list_models()
+                if not config.model:
+                    if not models:
+                        raise ModelError("protocol", f"the server at {config.base_url} lists no models; "
+                                                     "pull one first, e.g. `ollama pull qwen2.5-coder`")
+                    client = ChatClient(replace(config, model=models[0]))
+            except ModelError as exc:
+                self.call_from_thread(self._agent_unreachable, str(exc), startup)
+                return
+            approvals = ApprovalPolicy(self.approvals_flag or self.shell.settings.get("agent.approvals"))
+            conversation = self.agent.conversation if self.agent is not None else None
+            agent = Agent(client, self.shell, approvals, conversation)
+            self.call_from_thread(self._agent_ready, agent, then)
+
+        threading.Thread(target=work, daemon=True, name="tuishell-connect").start()
+
+    def _agent_unreachable(self, message: str, startup: bool) -> None:
+        self.model_problem = message
+        if startup:
+            self.query_one("#banners").mount(Static(
+                f"No model server answers: {message}\n!commands keep working; the agent retries when you "
+                "send a message.", classes="banner warning model-banner", markup=False))
+        else:
+            self.say(f"No model server answers: {message}", "error")
+        self.refresh_status()
+
+    def _agent_ready(self, agent, then: str | None) -> None:
+        self.agent, self.model_problem = agent, None
+        for banner in self.query(".model-banner"):
+            banner.remove()
+        self.refresh_status()
+        if then is not None:
+            self.agent_turn(then)
+
+    def agent_turn(self, text: str) -> None:
+        """Send a message to the agent (connecting first if needed)."""
+        import threading
+
+        if self.agent is None or self.model_problem is not None:
+            self.connect_agent(then=text)
+            return
+        if self.agent.busy or (self.current is not None and self.current.running):
+            self.say("Busy: wait for the current turn or command, or press Esc / Ctrl+C.", "warning")
+            return
+        events = self._agent_events()
+        threading.Thread(target=self.agent.send, args=(text, events), daemon=True, name="tuishell-agent").start()
+
+    def _agent_events(self):
+        from concurrent.futures import Future
+
+        from tuishell.agent.session import AgentEvents
+        from tuishell.screens.approval import command_modal
+
+        def start_text() -> None:
+            self._agent_card = self.say("", "agent")
+            self._agent_card.text = ""
+
+        def on_text(text: str) -> None:
+            if self._agent_card is None:
+                self.call_from_thread(start_text)
+            self._agent_text.append(text)
+
+        def on_tool_start(call, args) -> None:
+            self._agent_card = None
+            if call.name != "shell":
+                shown = ", ".join(f"{k}={str(v)[:60]!r}" for k, v in args.items() if k != "content")
+                self.call_from_thread(self.say, f"⚙ {call.name}({shown})", "tool")
+
+        def on_tool_end(call, result) -> None:
+            if call.name != "shell":
+                first = result.content.splitlines()[0] if result.content else ""
+                self.call_from_thread(self.say, f"  {'✓' if result.ok else '✗'} {first[:200]}",
+                                      "tool" if result.ok else "warning")
+            if call.name != "shell" and result.denied and self.agent.approvals.value == "on-request":
+                self.call_from_thread(self._offer_denial, call, result)
+
+        def on_command(run) -> None:
+            self._agent_commands.add(run.command)
+            self.call_from_thread(self._show_run, run, "agent")
+
+        def on_command_done(run) -> None:
+            self.call_from_thread(self._finished, run, self.agent.approvals.value == "on-request")
+
+        def confirm(command: str) -> bool:
+            future: Future = Future()
+            self.call_from_thread(self.push_screen, command_modal(command), future.set_result)
+            return bool(future.result())
+
+        def on_notice(text: str) -> None:
+            self.call_from_thread(self.say, text, "error")
+
+        return AgentEvents(on_text=on_text, on_tool_start=on_tool_start, on_tool_end=on_tool_end,
+                           on_command=on_command, on_command_done=on_command_done, on_notice=on_notice,
+                           confirm_command=confirm)
+
+    def _offer_denial(self, call, result) -> None:
+        """A file tool was refused by the policy: the same modal a command gets (no retry)."""
+        from tuishell.sandbox.denials import Denial
+
+        refused = CommandRun(f"{call.name} (agent file tool)", self.shell.mode, True)
+        refused.denials = [Denial(f"{v.operation} {v.path}", v.rule, v.fix, v.operation, v.path)
+                           for v in result.denied]
+        self._offer_violation(refused, retry=False)
+
+    def action_cancel_turn(self) -> None:
+        """Esc: cancel the agent's turn (closes the stream, stops its running command)."""
+        if self.agent is not None and self.agent.busy:
+            self.agent.cancel()
+
 
     def _asker(self, request: ApprovalRequest, future: Future) -> None:
         """Called from a proxy thread: queue the question on the UI thread."""
@@ -377,6 +532,19 @@ class TuishellApp(App):
                 self.say(f"Not written: {exc}", "error")
                 return
             self.say(f"Rule written: {key} += {arg} in {target}")
+        elif name == "/model":
+            self._model(arg)
+        elif name == "/approvals":
+            self._approvals(arg)
+        elif name == "/new":
+            from tuishell.agent.session import Conversation
+
+            if self.agent is not None:
+                self.agent.conversation = Conversation()
+            self.query_one("#conversation").remove_children()
+            self.say("New conversation.")
+        elif name == "/resume":
+            self._resume()
         elif name == "/clear":
             self.query_one("#conversation").remove_children()
             self.query_one("#pane", RichLog).clear()
@@ -386,6 +554,78 @@ class TuishellApp(App):
             self.call_later(self.action_quit)
         else:
             self.say(f"Unknown command {name}; /help lists them.", "error")
+
+    def _model(self, arg: str) -> None:
+        import threading
+
+        from tuishell.agent.client import ChatClient, ModelError
+        from tuishell.screens.approval import Choice, ChoiceModal
+
+        if self.agent is None:
+            self.say("No model server is connected; send a message to retry.", "error")
+            return
+
+        def switch(name) -> None:
+            if name:
+                self.agent.client = ChatClient(replace(self.agent.client.config, model=name))
+                self.say(f"Model: {name}")
+                self.refresh_status()
+
+        if arg:
+            switch(arg)
+            return
+
+        def listing() -> None:
+            try:
+                models = self.agent.client.list_models()
+            except ModelError as exc:
+                self.call_from_thread(self.say, f"Cannot list models: {exc}", "error")
+                return
+            keys = "123456789abcdefghijk"
+            choices = [Choice(keys[i], m, m) for i, m in enumerate(models[:len(keys)])]
+            self.call_from_thread(self.push_screen, ChoiceModal(
+                "Models on " + self.agent.client.config.base_url, [], choices, None), switch)
+
+        threading.Thread(target=listing, daemon=True).start()
+
+    def _approvals(self, arg: str) -> None:
+        from tuishell.agent.session import ApprovalPolicy
+
+        try:
+            policy = ApprovalPolicy(arg)
+        except ValueError:
+            self.say(f"/approvals takes one of: {', '.join(p.value for p in ApprovalPolicy)}", "error")
+            return
+        self.approvals_flag = policy.value
+        if self.agent is not None:
+            self.agent.approvals = policy
+        self.say(f"Approvals: {policy.value}")
+        self.refresh_status()
+
+    def _resume(self) -> None:
+        from tuishell.agent.session import Conversation
+        from tuishell.screens.approval import Choice, ChoiceModal
+
+        saved = Conversation.saved()[:9]
+        if not saved:
+            self.say("No saved conversations yet.")
+            return
+
+        def load(conversation_id) -> None:
+            if not conversation_id:
+                return
+            conversation = Conversation.load(conversation_id)
+            if self.agent is not None:
+                self.agent.conversation = conversation
+            self.query_one("#conversation").remove_children()
+            for message in conversation.messages:
+                if message["role"] in ("user", "assistant") and message.get("content"):
+                    prefix = "> " if message["role"] == "user" else ""
+                    self.say(prefix + message["content"], "user" if message["role"] == "user" else "agent")
+            self.say(f"Resumed: {conversation.title}")
+
+        choices = [Choice(str(i), f"{cid}  {title}", cid) for i, (cid, title) in enumerate(saved, 1)]
+        self.push_screen(ChoiceModal("Saved conversations", [], choices, None), load)
 
     def _set_mode(self, arg: str) -> None:
         try:
@@ -419,10 +659,10 @@ class TuishellApp(App):
         return "\n".join(lines)
 
 
-def run_app(workspace: Path, cli_values: Mapping, settings_files: Sequence[Path], hosts: Mapping[str, str],
-            theme: str) -> int:
+def run_app(workspace: Path, hosts: Mapping[str, str], cli_values: Mapping, settings_files: Sequence[Path],
+            theme: str, base_url: str | None = None, model: str | None = None, approvals: str | None = None) -> int:
     """`tuishell` with no subcommand."""
-    app = TuishellApp(workspace, cli_values, settings_files, hosts, theme)
+    app = TuishellApp(workspace, cli_values, settings_files, hosts, theme, base_url, model, approvals)
     app.run()
     if app.shell is not None:
         app.shell.stop_all()

@@ -34,6 +34,15 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
                              "reach a private address (reduces security) but still needs to be allowed")
 
 
+def _add_agent_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default=None, metavar="URL",
+                        help="OpenAI-compatible server (default: agent.baseUrl, $OPENAI_BASE_URL, else Ollama on 127.0.0.1:11434)")
+    parser.add_argument("--model", dest="model_name", default=None, metavar="NAME",
+                        help="model name (default: agent.model, else the first the server lists)")
+    parser.add_argument("--approvals", default=None, choices=("on-request", "untrusted", "never"),
+                        help="when to ask about the agent's actions (default: agent.approvals, on-request)")
+
+
 def _cli_values(args: argparse.Namespace) -> dict:
     values: dict = {}
     if args.mode:
@@ -54,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tuishell {__version__}")
     _add_session_options(parser)
     parser.add_argument("--theme", default="dark", choices=("dark", "light"), help="colour theme of the app")
+    _add_agent_options(parser)
     sub = parser.add_subparsers(dest="command_name")
 
     run = sub.add_parser("run", help="run one command in the sandbox",
@@ -77,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     sandbox_sub.add_parser("doctor", help="run every check and print the fix for each problem")
 
+    chat = sub.add_parser("chat", help="talk to the agent without the app (for scripts)")
+    _add_session_options(chat)
+    _add_agent_options(chat)
+    chat.add_argument("--once", required=True, metavar="PROMPT", help="send one message and print the transcript")
+
     settings = sub.add_parser("settings", help="settings keys and files")
     settings_sub = settings.add_subparsers(dest="settings_command", required=True)
     settings_sub.add_parser("keys", help="every settings key with its type, default and help")
@@ -91,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(parser, args)
     if args.command_name == "sandbox":
         return _sandbox(args)
+    if args.command_name == "chat":
+        return _chat(args)
     if args.command_name == "settings":
         from tuishell.settings import describe_keys
 
@@ -99,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     return _app(args)
 
 
-def _app(args: argparse.Namespace) -> int:
+def _session_args(args: argparse.Namespace):
+    """(workspace, hosts) from the session options, or an exit code after printing why not."""
     from tuishell.headless import EXIT_SETTINGS, _parse_resolve
 
     workspace = (args.workspace or Path.cwd()).expanduser()
@@ -111,9 +129,28 @@ def _app(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tuishell: invalid --resolve: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
+    return workspace.resolve(), hosts
+
+
+def _app(args: argparse.Namespace) -> int:
+    session = _session_args(args)
+    if isinstance(session, int):
+        return session
     from tuishell.app import run_app
 
-    return run_app(workspace.resolve(), _cli_values(args), args.settings, hosts, args.theme)
+    return run_app(*session, _cli_values(args), args.settings, args.theme, args.base_url, args.model_name,
+                   args.approvals)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    session = _session_args(args)
+    if isinstance(session, int):
+        return session
+    from tuishell.agent.chat import chat_once
+
+    workspace, hosts = session
+    return chat_once(args.once, workspace, _cli_values(args), args.settings, hosts, args.base_url,
+                     args.model_name, args.approvals)
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

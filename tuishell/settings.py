@@ -185,6 +185,12 @@ def _validate_list(key: Key, value: object) -> object:
     return tuple(items)
 
 
+def _validate_str(key: Key, value: object) -> object:
+    if not isinstance(value, str) or "\n" in value or "\0" in value:
+        raise ValueError(f"expected a one-line string, got {_describe(value)}")
+    return value
+
+
 def _validate_map(key: Key, value: object) -> object:
     from tuishell.net.egress import parse_host_mapping
 
@@ -205,6 +211,7 @@ _VALIDATORS: dict[str, Callable[[Key, object], object]] = {
     "enum": _validate_enum,
     "list": _validate_list,
     "map": _validate_map,
+    "str": _validate_str,
 }
 
 
@@ -232,7 +239,7 @@ class Key:
     """One setting: its dotted name, type, default and the one-line help users see."""
 
     name: str
-    kind: str  # "bool" | "enum" | "list" | "map"
+    kind: str  # "bool" | "enum" | "list" | "map" | "str"
     default: object
     help: str
     #: Allowed values (enum), or allowed item values (list); empty means any.
@@ -362,6 +369,18 @@ SCHEMA: dict[str, Key] = _keys(
         "(e.g. \"mirror.internal\" = \"10.0.0.5\"); a mapped name may reach a private address, "
         "which reduces security, but it still needs an allow rule or an approval.",
         weakens=True,
+    ),
+    Key(
+        "agent.baseUrl", "str", "",
+        "Base URL of the OpenAI-compatible model server (default: $OPENAI_BASE_URL, else Ollama's "
+        "http://127.0.0.1:11434/v1).",
+    ),
+    Key("agent.model", "str", "", "Model name (default: the first one the server lists)."),
+    Key(
+        "agent.approvals", "enum", "on-request",
+        "When to ask about the agent's actions: on-request (only at a sandbox boundary), untrusted "
+        "(before every command that is not read-only), never (denials go back to the model).",
+        choices=("on-request", "untrusted", "never"),
     ),
     Key(
         "environment.passthrough", "list", (),

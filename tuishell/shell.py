@@ -29,6 +29,7 @@ MAX_LINES = 5000
 #: Bytes of raw output kept between the reader and the screen.
 MAX_BYTES = 4 * 1024 * 1024
 TAIL_BYTES = 64 * 1024
+HEAD_BYTES = 8 * 1024
 
 
 class OutputBuffer:
@@ -100,12 +101,25 @@ class CommandRun:
     denials: list[Denial] = field(default_factory=list)
     process: CommandProcess | None = None
     tail: bytearray = field(default_factory=bytearray)
+    head: bytearray = field(default_factory=bytearray)
+    total_bytes: int = 0
     card: object = None  # the UI's widget for this run, if any
 
     @property
     def running(self) -> bool:
         """True until the command has ended."""
         return self.result is None
+
+    def transcript(self) -> str:
+        """The output for a model or a log: all of it, or its head and tail around a marker."""
+        head, tail = bytes(self.head), bytes(self.tail)
+        if self.total_bytes <= len(tail):
+            data = tail
+        else:
+            cut = self.total_bytes - len(head) - len(tail)
+            data = head[:len(head) + cut] + tail if cut <= 0 else \
+                head + f"\n… [{cut} bytes not shown] …\n".encode() + tail
+        return data.decode("utf-8", "replace")
 
     def stop(self) -> None:
         """Ctrl+C: kill the command and its whole process tree."""
@@ -245,6 +259,9 @@ class ShellSession:
                 if not chunk:
                     break
                 run.output.append(chunk)
+                run.total_bytes += len(chunk)
+                if len(run.head) < HEAD_BYTES:
+                    run.head += chunk[:HEAD_BYTES - len(run.head)]
                 run.tail += chunk
                 if len(run.tail) > 2 * TAIL_BYTES:
                     del run.tail[:-TAIL_BYTES]

@@ -90,12 +90,13 @@ class ViolationAnswer:
 
 
 def violation_modal(command: str, blocked: list[str], target: str | None, rules_file: str,
-                    unsandboxed_allowed: bool) -> ChoiceModal:
+                    unsandboxed_allowed: bool, retry: bool = True) -> ChoiceModal:
     """After a command failed on a boundary: what was blocked, by which rule, and what next."""
     details = [f"Command: {command}", *blocked]
     choices = []
-    if target:
+    if target and retry:
         choices.append(Choice("r", f"Retry once with {target} writable", ViolationAnswer("retry")))
+    if target:
         choices.append(Choice("a", f"Always allow writing {target} → {rules_file}", ViolationAnswer("always")))
     if unsandboxed_allowed:
         choices.append(Choice("u", "Run once UNSANDBOXED (no protection at all)", ViolationAnswer("unsandboxed")))
@@ -112,3 +113,10 @@ def danger_modal() -> ChoiceModal:
          "and reach any network address. This reduces security completely."],
         [Choice("y", "Yes, run without a sandbox", True), Choice("n", "No, keep the sandbox", False)],
         False, classes="danger-modal")
+
+
+def command_modal(command: str) -> ChoiceModal:
+    """`untrusted` approvals: may the agent run this command (in the sandbox)?"""
+    return ChoiceModal("The agent wants to run a command", [f"Command: {command}",
+                                                            "It runs in the sandbox either way."],
+                       [Choice("y", "Yes, run it", True), Choice("n", "No, tell the agent", False)], False)
