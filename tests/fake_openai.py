@@ -27,6 +27,7 @@ import json
 import select
 import socket
 import threading
+import time
 from dataclasses import dataclass, replace
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -265,24 +266,22 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             raise _ClientGone from None
 
-    def _wait(self, gate: threading.Event | None, seconds: float | None = None) -> None:
-        """Wait for `gate` or `seconds`, noticing at once if the client closes its end."""
+    def _wait(self, gate: threading.Event | None, seconds: float) -> None:
+        """Wait until `gate` is set or `seconds` pass, noticing at once if the client hangs up."""
         closing = self.server.fake._closing
-        waited = 0.0
-        while not closing.is_set():
-            if gate is not None and gate.is_set():
+        deadline = time.monotonic() + seconds
+        while not closing.is_set() and not (gate is not None and gate.is_set()):
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return
-            if seconds is not None and waited >= seconds:
-                return
-            step = _POLL if seconds is None else min(_POLL, seconds - waited)
-            readable, _, _ = select.select([self.connection], [], [], step)
-            waited += step
+            readable, _, _ = select.select([self.connection], [], [], min(_POLL, left))
             if readable:
                 try:
-                    if not self.connection.recv(1, socket.MSG_PEEK):
-                        raise _ClientGone
-                except (ConnectionResetError, OSError):
-                    raise _ClientGone from None
+                    gone = not self.connection.recv(1, socket.MSG_PEEK)
+                except OSError:
+                    gone = True
+                if gone:
+                    raise _ClientGone
 
 
 class _Server(ThreadingHTTPServer):

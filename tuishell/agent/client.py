@@ -403,7 +403,10 @@ class ChatClient:
         connection = self._connect(url)
         try:
             response = self._request(connection, "GET", "/models", None)
-            body = self._read_body(response, url)
+            try:
+                body = self._read_body(response, url)
+            finally:
+                response.close()
         finally:
             connection.close()
         try:
@@ -438,6 +441,7 @@ class ChatClient:
         url = self.url("/chat/completions")
         connection = self._connect(url)
         watch = _CancelWatch(connection.sock, cancel) if cancel is not None else None
+        response: http.client.HTTPResponse | None = None
         try:
             response = self._request(connection, "POST", "/chat/completions", payload)
             decoder = ChatStreamDecoder(url)
@@ -461,6 +465,8 @@ class ChatClient:
         finally:
             if watch is not None:
                 watch.stop()
+            if response is not None:
+                response.close()  # the response holds the socket once the server said "close"
             connection.close()
 
     def _connect(self, url: str) -> http.client.HTTPConnection:
@@ -508,6 +514,8 @@ class ChatClient:
                 body = response.read(_ERROR_BODY)
             except (OSError, http.client.HTTPException):
                 body = b""
+            finally:
+                response.close()
             raise self._http_error(url, response, body)
         return response
 
