@@ -16,3 +16,12 @@ def test_quick_start_has_exactly_two_commands_and_ci_runs_the_test_one():
     assert "pip install ." in install and "tuishell" in install
     assert "'.[test]'" in tests and "pytest" in tests
     assert tests in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_subpackage_is_packaged():
+    """A package missing from pyproject's list works in a checkout and breaks when installed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "tuishell").rglob("__init__.py")}
+    assert found <= listed

@@ -85,7 +85,7 @@ class HistoryInput(Input):
     BINDINGS = [Binding("up", "older", show=False), Binding("down", "newer", show=False)]
 
     def __init__(self, history_file: Path, **kw):
-        super().__init__(placeholder="!command to run in the sandbox, or /help", **kw)
+        super().__init__(placeholder="message the agent · !command runs in the sandbox · /help", **kw)
         self.history_file = history_file
         try:
             self.history = history_file.read_text().splitlines()[-HISTORY_LIMIT:]
@@ -232,16 +232,16 @@ class TuishellApp(App):
         elif shell.session is None:
             bar.sandbox = f"⚠ unsandboxed: {shell.unavailable}" if shell.refusal() is None else "✗ sandbox unavailable: commands refused"
         else:
-            bar.sandbox = f"✓ bwrap {shell.session.binary.kind}"
+            bar.sandbox = f"✓ bwrap ({shell.session.binary.kind})"
         if self.agent is not None and self.model_problem is None:
-            bar.model = f"model: {self.agent.client.config.model} · {self.agent.approvals.value}"
+            bar.model = f"{self.agent.client.config.model} ({self.agent.approvals.value})"
         else:
-            bar.model = "model: ✗ not connected"
+            bar.model = "model ✗"
         if shell.proxy is None:
             bar.proxy = "network: none"
         else:
             pending = shell.proxy.broker.pending()
-            bar.proxy = f"proxy: {'listening' if shell.proxy.alive else 'STOPPED'}" + (
+            bar.proxy = f"proxy {'✓' if shell.proxy.alive else '✗ STOPPED'}" + (
                 f", {pending} question(s)" if pending else "")
 
     # ------------------------------------------------------------------ input

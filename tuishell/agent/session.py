@@ -119,6 +119,7 @@ class Agent:
         self._cancel = threading.Event()
         self._running_command = None
         self.busy = False
+        self.turns = 0  # completed turns (however they ended)
 
     def cancel(self) -> None:
         """Esc: close the model's stream and stop any running tool, now."""
@@ -158,6 +159,7 @@ class Agent:
             self.busy = False
             self._running_command = None
             self.conversation.save()
+            self.turns += 1
 
     def _one_response(self, events: AgentEvents) -> tuple[str | None, tuple[ToolCall, ...]]:
         """Stream one model response; (None, ()) when it failed or was cancelled (already reported)."""
