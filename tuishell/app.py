@@ -232,7 +232,7 @@ class TuishellApp(App):
         elif shell.session is None:
             bar.sandbox = f"⚠ unsandboxed: {shell.unavailable}" if shell.refusal() is None else "✗ sandbox unavailable: commands refused"
         else:
-            bar.sandbox = f"✓ bwrap ({shell.session.binary.kind})"
+            bar.sandbox = f"✓ {shell.session.backend.label}"
         if self.agent is not None and self.model_problem is None:
             bar.model = f"{self.agent.client.config.model} ({self.agent.approvals.value})"
         else:

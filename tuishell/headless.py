@@ -119,15 +119,17 @@ def run(request: RunRequest) -> int:
         warn(message)
     policy = resolve_policy(settings, request.workspace)
     allow_unsandboxed = bool(settings.get("sandbox.allowUnsandboxedCommands"))
-    platform_name = "linux" if sys.platform.startswith("linux") else ("macos" if sys.platform == "darwin" else sys.platform)
+    from tuishell.sandbox.backend import platform_name
+
+    platform = platform_name()
 
     reason = None
     if policy.mode is Mode.DANGER_FULL_ACCESS:
         reason = "mode is danger-full-access"
     elif not settings.get("sandbox.enabled"):
         reason = f"sandbox.enabled = false ({settings.source('sandbox.enabled')})"
-    elif platform_name not in settings.get("sandbox.enabledPlatforms"):
-        reason = f"sandbox.enabledPlatforms does not include {platform_name}"
+    elif platform not in settings.get("sandbox.enabledPlatforms"):
+        reason = f"sandbox.enabledPlatforms does not include {platform}"
     if reason:
         if not allow_unsandboxed:
             warn(f"refused: {reason}, but sandbox.allowUnsandboxedCommands = false "
@@ -135,11 +137,12 @@ def run(request: RunRequest) -> int:
             return EXIT_REFUSED
         return _run_unsandboxed(request, policy, f"⚠ DANGER: running UNSANDBOXED with full access: {reason}")
 
-    from tuishell.sandbox.bwrap import SandboxUnavailable, explain, find_bwrap
+    from tuishell.sandbox.backend import select_backend
+    from tuishell.sandbox.bwrap import SandboxUnavailable, explain
     from tuishell.sandbox.runner import SandboxSession
 
     try:
-        binary = find_bwrap()
+        backend = select_backend()
     except SandboxUnavailable as exc:
         return _unavailable(request, policy, settings, exc.reason, exc.fix)
     from tuishell.sandbox.plan import NetworkMode
@@ -154,10 +157,10 @@ def run(request: RunRequest) -> int:
     network = NetworkMode.PROXY if wants_network else NetworkMode.NONE
     passthrough = [str(v) for v in settings.get("environment.passthrough")]
     proxy = None
-    with SandboxSession(policy, binary, passthrough, _parse_env(request.env)) as session:
+    with SandboxSession(policy, backend, passthrough, _parse_env(request.env)) as session:
         plan = session.plan(request.command, Path.cwd(), network)
         if request.explain:
-            _print_explanation(session, plan, binary, explain)
+            _print_explanation(session, plan, backend, explain)
             return 0
         if network is NetworkMode.PROXY:
             from tuishell.net.session import start_network, terminal_asker
@@ -176,7 +179,7 @@ def run(request: RunRequest) -> int:
         # (which may mean running it again unsandboxed): a command can print "bwrap: ..." too.
         from tuishell.sandbox.status import probe
 
-        check = probe(binary)
+        check = probe(backend)
         if not check.ok:
             return _unavailable(request, policy, settings, check.detail, check.fix)
         warn(f"bwrap could not set up this command's sandbox ({result.setup_error}); "
@@ -255,9 +258,16 @@ def _run_unsandboxed(request: RunRequest, policy, banner: str) -> int:
     return _finish(result, stderr_text, policy, request)
 
 
-def _print_explanation(session, plan, binary, explain) -> None:
+def _print_explanation(session, plan, backend, explain) -> None:
     env = session.environment()
     print(f"# mode: {plan.mode.label}; workspace: {plan.workspace}")
+    if backend.name != "bwrap":
+        from tuishell.sandbox.seatbelt import build_profile
+
+        print(f"# backend: {backend.label}")
+        print(build_profile(plan, 3128 if plan.network.value == "proxy" else None, "tuishell-explain").text)
+        return
+    binary = backend.binary
     print(f"# bwrap: {binary.kind} {binary.version_text} at {binary.path}")
     print(f"# writable: {', '.join(map(str, (*plan.writable_roots, Path('/tmp'))))} "
           f"(/tmp is private: {plan.session_tmp})")

@@ -319,15 +319,16 @@ def open_session(workspace: Path, cli_values: Mapping, settings_files: Sequence[
     policy = resolve_policy(settings, workspace)
     unavailable = None
     session = None
-    from tuishell.sandbox.bwrap import SandboxUnavailable, find_bwrap
+    from tuishell.sandbox.backend import select_backend
+    from tuishell.sandbox.bwrap import SandboxUnavailable
     from tuishell.sandbox.status import probe
 
     try:
-        binary = find_bwrap()
-        check = probe(binary)
+        backend = select_backend()
+        check = probe(backend)
         if not check.ok:
             raise SandboxUnavailable(check.detail, check.fix or "")
-        session = SandboxSession(policy, binary, [str(v) for v in settings.get("environment.passthrough")])
+        session = SandboxSession(policy, backend, [str(v) for v in settings.get("environment.passthrough")])
     except SandboxUnavailable as exc:
         unavailable = exc.reason
         if settings.get("sandbox.failIfUnavailable"):

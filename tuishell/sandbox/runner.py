@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import signal
 import subprocess
 import sys
@@ -29,10 +28,9 @@ from tuishell import paths
 from tuishell.policy.environment import sandbox_environment
 from tuishell.policy.filesystem import SandboxPolicy
 from tuishell.sandbox import scan as protected_scan
-from tuishell.sandbox.bwrap import BwrapBinary, bwrap_argv
+from tuishell.sandbox.bwrap import BwrapBinary
 from tuishell.sandbox.plan import NetworkMode, SandboxPlan, build_plan
 from tuishell.sandbox.scan import ProtectedScan, Violation
-from tuishell.sandbox.seccomp import bpf_fd
 
 if TYPE_CHECKING:
     from tuishell.net.proxy import EgressProxy
@@ -201,13 +199,17 @@ def _read_status(fd: int) -> dict:
 
 
 class SandboxSession:
-    """A run of tuishell: one policy, one bwrap binary, one private /tmp."""
+    """A run of tuishell: one policy, one backend, one private /tmp."""
 
-    def __init__(self, policy: SandboxPolicy, binary: BwrapBinary | None,
+    def __init__(self, policy: SandboxPolicy, backend,
                  env_passthrough: Sequence[str] = (), explicit_env: Mapping[str, str | None] | None = None,
                  host_env: Mapping[str, str] | None = None):
+        """`backend`: a `tuishell.sandbox.backend` backend (a `BwrapBinary` means bwrap), or None."""
+        from tuishell.sandbox.backend import BwrapBackend
+
         self.policy = policy
-        self.binary = binary
+        self.backend = BwrapBackend(backend) if isinstance(backend, BwrapBinary) else backend
+        self.binary = getattr(self.backend, "binary", None)
         self.env_passthrough = tuple(env_passthrough)
         self.explicit_env = dict(explicit_env or {})
         self.host_env = dict(os.environ if host_env is None else host_env)
@@ -274,56 +276,22 @@ class SandboxSession:
 
     def spawn(self, plan: SandboxPlan, stdin=None, stdout=None, stderr=None,
               proxy: "EgressProxy | None" = None, label: str | None = None) -> CommandProcess:
-        """Start `plan` under bwrap. The protected-path scan taken for the plan is reused.
+        """Start `plan` under the session's backend. The protected-path scan of the plan is reused.
 
         In network mode "proxy", this returns only once the sandbox's proxy listener is in
         `proxy`'s hands, so the command can never race it.
         """
-        if self.binary is None:
-            raise RuntimeError("no bwrap binary: the sandbox is unavailable")
-        if (plan.network is NetworkMode.PROXY) != (proxy is not None):
-            raise ValueError("a proxy is needed exactly when the plan's network mode is proxy")
-        seccomp = bpf_fd(plan.seccomp)
-        status_read, status_write = os.pipe()
-        fds = [seccomp, status_write]
-        ours = theirs = None
-        if proxy is not None:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            fds.append(theirs.fileno())
-        try:
-            argv = bwrap_argv(self.binary, plan, seccomp_fd=seccomp, status_fd=status_write,
-                              channel_fd=theirs.fileno() if theirs else None)
-            popen = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=plan.environ,
-                                     pass_fds=tuple(fds), start_new_session=True)
-        except BaseException:
-            os.close(status_read)
-            if ours is not None:
-                ours.close()
-            raise
-        finally:
-            os.close(seccomp)
-            os.close(status_write)
-            if theirs is not None:
-                theirs.close()
-        process = CommandProcess(popen, True, self, plan, status_read, plan.scan)
-        if proxy is not None:
-            from tuishell.net.proxy import receive_listener
-
-            listener = receive_listener(ours)
-            if listener is None:
-                process.listener_missing = True
-            else:
-                proxy.add_listener(listener, label or " ".join(plan.command))
-                process.on_exit = lambda: proxy.remove_listener(listener)
-        return process
+        if self.backend is None or not self.backend.sandboxed:
+            raise RuntimeError("no sandbox backend: the sandbox is unavailable")
+        return self.backend.spawn(self, plan, stdin, stdout, stderr, proxy, label)
 
     def spawn_unsandboxed(self, command: Sequence[str], cwd: Path | None = None, stdin=None,
                           stdout=None, stderr=None) -> CommandProcess:
-        """Start `command` with no sandbox at all (danger-full-access or an allowed fallback).
+        """Start `command` through the `none` backend (danger-full-access or an allowed fallback).
 
         Callers decide whether this is permitted (`allowUnsandboxedCommands`) and must say so
         loudly; this function only spawns.
         """
-        popen = subprocess.Popen(list(command), cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
-                                 env=self.host_env, start_new_session=True)
-        return CommandProcess(popen, False)
+        from tuishell.sandbox.backend import NoneBackend
+
+        return NoneBackend().spawn_command(command, cwd, self.host_env, stdin, stdout, stderr)

@@ -9,7 +9,6 @@ The decisive check is a real probe: a full sandbox (same flags, same seccomp fil
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -123,13 +122,16 @@ def diagnose(bwrap_stderr: str) -> tuple[str, str]:
     return (f"bubblewrap failed: {last}", "run `tuishell sandbox doctor` and report the output")
 
 
-def probe(binary: BwrapBinary) -> Check:
-    """Run `true` in a complete sandbox (same flags and filter as real commands)."""
+def probe(backend) -> Check:
+    """Run `true` in a complete sandbox (same flags and filter as real commands).
+
+    `backend` is a `tuishell.sandbox.backend` backend (a `BwrapBinary` means bwrap).
+    """
     from tuishell.policy.filesystem import Mode, SandboxPolicy
     from tuishell.sandbox.runner import SandboxSession
 
     policy = SandboxPolicy(mode=Mode.READ_ONLY, workspace=Path("/"), home=Path.home())
-    with SandboxSession(policy, binary, host_env={"PATH": os.defpath}) as session:
+    with SandboxSession(policy, backend, host_env={"PATH": os.defpath}) as session:
         plan = session.plan(["true"], cwd=Path("/"))
         process = session.spawn(plan, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
@@ -144,13 +146,19 @@ def probe(binary: BwrapBinary) -> Check:
 
 def sandbox_status(run_probe: bool = True) -> SandboxStatus:
     """Check everything the Linux backend needs; `run_probe` also starts a real sandbox."""
-    system = platform.system().lower()
-    container = detect_container() if system == "linux" else None
-    if system != "linux":
-        name = "macos" if system == "darwin" else system
-        check = Check("platform supported", False, f"the sandbox backend for {name} is not available yet",
-                      "run tuishell on Linux, or use danger-full-access knowingly (no sandbox)")
-        return SandboxStatus(name, "none", None, (check,), container)
+    from tuishell.sandbox.backend import platform_name, select_backend
+
+    name = platform_name()
+    container = detect_container() if name == "linux" else None
+    if name != "linux":
+        try:
+            backend = select_backend()
+        except SandboxUnavailable as exc:
+            return SandboxStatus(name, "none", None, (Check("sandbox backend", False, exc.reason, exc.fix),))
+        checks = [Check("sandbox backend", True, f"{backend.label} (/usr/bin/sandbox-exec)")]
+        if run_probe:
+            checks.append(probe(backend))
+        return SandboxStatus(name, backend.name, None, tuple(checks))
     checks: list[Check] = []
     binary = None
     try:
