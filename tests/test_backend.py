@@ -43,10 +43,21 @@ def test_seatbelt_spawn_runs_sandbox_exec_with_the_plan_and_a_proxy_port(me, mon
     """macOS cannot run here: capture what would be executed (the boundary we cannot reach)."""
     seen = {}
 
+    report = ('{"eventMessage":"Sandbox: touch(41) deny(1) file-write-create /etc/x\\n%s"}\n')
+
     class FakePopen:
         def __init__(self, argv, **kw):
-            seen["argv"], seen["kw"] = argv, kw
             self.pid = 0
+            if argv[0] == "/usr/bin/log":
+                self.tag = argv[-1].split('"')[1]
+                return
+            seen["argv"], seen["kw"] = argv, kw
+
+        def terminate(self):
+            pass
+
+        def communicate(self, timeout=None):
+            return report % self.tag, ""
 
     class FakeProxy:
         def __init__(self):
@@ -73,6 +84,7 @@ def test_seatbelt_spawn_runs_sandbox_exec_with_the_plan_and_a_proxy_port(me, mon
         assert str(me.workspace) not in argv[2]  # paths are parameters, never profile text
         process.on_exit()
         assert proxy.removed
+        assert [(v.operation, str(v.path)) for v in process.backend_violations] == [("file-write-create", "/etc/x")]
 
 
 def test_enabled_platforms_without_this_one_runs_unsandboxed_with_a_warning(me):

@@ -98,7 +98,7 @@ class SeatbeltBackend:
               proxy: "EgressProxy | None", label: str | None) -> "CommandProcess":
         """Start `plan` under sandbox-exec (macOS only; covered by the macOS integration test)."""
         from tuishell.sandbox.runner import CommandProcess
-        from tuishell.sandbox.seatbelt import make_log_tag, seatbelt_argv, seatbelt_environ
+        from tuishell.sandbox.seatbelt import log_stream_argv, make_log_tag, seatbelt_argv, seatbelt_environ
 
         _check_proxy(plan, proxy)
         listener = None
@@ -107,13 +107,37 @@ class SeatbeltBackend:
             listener = socket.create_server(("127.0.0.1", 0))
             port = listener.getsockname()[1]
             proxy.add_listener(listener, label or " ".join(plan.command))
-        popen = subprocess.Popen(seatbelt_argv(plan, port, make_log_tag()), cwd=plan.cwd, stdin=stdin,
+        tag = make_log_tag()
+        # The kernel's deny reports carry the profile's tag: collect this command's while it runs.
+        reports = subprocess.Popen(log_stream_argv(tag), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                   text=True, start_new_session=True)
+        popen = subprocess.Popen(seatbelt_argv(plan, port, tag), cwd=plan.cwd, stdin=stdin,
                                  stdout=stdout, stderr=stderr, env=seatbelt_environ(plan, port),
                                  start_new_session=True)
         process = CommandProcess(popen, True, session, plan, None, plan.scan)
-        if listener is not None:
-            process.on_exit = lambda: proxy.remove_listener(listener)
+
+        def on_exit() -> None:
+            if listener is not None:
+                proxy.remove_listener(listener)
+            process.backend_violations = _collect_reports(reports, tag)
+
+        process.on_exit = on_exit
         return process
+
+
+def _collect_reports(reports: subprocess.Popen, tag: str) -> list:
+    """Stop `log stream` and turn this command's deny reports into violations."""
+    from tuishell.sandbox.scan import Violation
+    from tuishell.sandbox.seatbelt import parse_violations
+
+    reports.terminate()
+    try:
+        out, _ = reports.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        reports.kill()
+        out, _ = reports.communicate()
+    return [Violation(v.operation, Path(v.path), f"seatbelt profile refused it ({v.process})", "blocked")
+            for v in parse_violations(out.splitlines(), tag)]
 
 
 class NoneBackend:

@@ -98,6 +98,7 @@ class CommandProcess:
         self.timed_out = False
         self.interrupted = False
         self.listener_missing = False  # proxy mode: the in-sandbox helper never handed a listener over
+        self.backend_violations: list[Violation] = []  # what the backend itself reported (seatbelt)
         self.on_exit = None
 
     @property
@@ -149,7 +150,7 @@ class CommandProcess:
                 result.setup_error = "the sandbox's network listener was never handed to the proxy"
         if self._before is not None and self._plan is not None and result.setup_error is None:
             after = protected_scan.scan(self._plan.writable_roots)
-            result.violations = protected_scan.neutralise(
+            result.violations = self.backend_violations + protected_scan.neutralise(
                 self._before, after, paths.state_dir() / "quarantine")
             if self._session is not None:
                 self._session.violations.extend(result.violations)
