@@ -3,17 +3,14 @@ or `tuishell chat --once`, the real sandbox and proxy."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import sys
-import threading
-import time
 
 import pytest
 
 from fake_openai import FakeOpenAI, cut_after, slow, status, text, tool_call
-from test_app import conversation_text, pane_text, submit, wait_for
+from test_app import BODY, conversation_text, pane_text, submit, wait_for, web  # noqa: F401 (fixture)
 from tuishell.agent.session import Conversation
 from tuishell.app import TuishellApp
 
@@ -89,24 +86,6 @@ async def test_shell_tool_refused_in_read_only_raises_the_violation_modal(me, mo
     assert "read-only mode" in tool_results(model)[0]  # the model is told which rule blocked it
 
 
-@pytest.fixture
-def web():
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Length", "6")
-            self.end_headers()
-            self.wfile.write(b"hello\n")
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-
-
 async def test_tool_reaching_an_unknown_domain_asks_with_the_domain_modal(me, model, web):
     model.script([tool_call("shell", {"command": f"curl -s http://app.test:{web}/"}), text("Fetched.")])
     app = make_app(me, model)
@@ -117,7 +96,7 @@ async def test_tool_reaching_an_unknown_domain_asks_with_the_domain_modal(me, mo
         assert "app.test" in " ".join(str(w.render()) for w in app.screen.query("Static"))
         await pilot.press("y")
         await wait_for(pilot, lambda: app.agent is not None and not app.agent.busy)
-    assert "hello" in tool_results(model)[0]
+    assert BODY in tool_results(model)[0]
 
 
 @pytest.mark.parametrize("turn, words", [

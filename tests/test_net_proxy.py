@@ -10,7 +10,6 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 
 import pytest
 

@@ -6,7 +6,6 @@ proxy as `tuishell run`; this module only renders, asks and forwards answers.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future
 from dataclasses import replace
 from importlib import resources
@@ -130,7 +129,7 @@ class CommandCard(Static):
 
         run = self.run
         if run.result is None:
-            status, cls = "running…", "running"
+            status = "running…"
         else:
             code = run.result.exit_code
             status = f"exit {code} · {run.result.duration:.2f}s"

@@ -8,7 +8,6 @@ local agent's tools run through the same `run_command`).
 
 from __future__ import annotations
 
-import collections
 import os
 import select
 import subprocess
@@ -22,7 +21,6 @@ from typing import Callable, Mapping, Sequence
 from tuishell.policy.filesystem import Mode, SandboxPolicy, explain_path, resolve_policy
 from tuishell.sandbox.denials import Denial, find_denials
 from tuishell.sandbox.runner import CommandProcess, RunResult, SandboxSession
-from tuishell.sandbox.scan import Violation
 
 #: Lines the live pane keeps; older ones are dropped (memory stays bounded).
 MAX_LINES = 5000

@@ -176,6 +176,16 @@ def _splice_copy(src: socket.socket, dst: socket.socket) -> int:
         os.close(write_end)
 
 
+def _receive(conn: socket.socket, parse, buf: bytes = b""):
+    """Read until the sans-IO `parse` returns a result: (result, bytes read), or None at EOF."""
+    while (parsed := parse(buf)) is None:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+    return parsed, buf
+
+
 def _close_gracefully(conn: socket.socket) -> None:
     """Close after the client has read our reply: unread input would make the kernel send a
     reset that can destroy the reply (e.g. a 400 after garbage). Bounded: 1 s, 1 MiB."""
@@ -323,13 +333,10 @@ class EgressProxy:
             pass
 
     def _http(self, conn: socket.socket, command: str) -> None:
-        buf = b""
-        while (parsed := proto.parse_http_head(buf)) is None:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return
-            buf += chunk
-        request, used = parsed
+        parsed = _receive(conn, proto.parse_http_head)
+        if parsed is None:
+            return
+        (request, used), buf = parsed
         rest = buf[used:]
         protocol = "connect" if request.is_connect else "http"
         upstream, decision, address = self._open(request.host, request.port, command, protocol)
@@ -354,23 +361,17 @@ class EgressProxy:
             self._log(command, request.host, request.port, address, decision, protocol, relay)
 
     def _socks5(self, conn: socket.socket, command: str) -> None:
-        buf = b""
-        while (greeting := proto.parse_socks5_greeting(buf)) is None:
-            chunk = conn.recv(512)
-            if not chunk:
-                return
-            buf += chunk
-        hello, used = greeting
+        greeting = _receive(conn, proto.parse_socks5_greeting)
+        if greeting is None:
+            return
+        (hello, used), buf = greeting
         conn.sendall(proto.socks5_method_reply(hello))
         if 0 not in hello.methods:
             return
-        buf = buf[used:]
-        while (parsed := proto.parse_socks5_request(buf)) is None:
-            chunk = conn.recv(512)
-            if not chunk:
-                return
-            buf += chunk
-        request, used = parsed
+        parsed = _receive(conn, proto.parse_socks5_request, buf[used:])
+        if parsed is None:
+            return
+        (request, used), buf = parsed
         upstream, decision, address = self._open(request.host, request.port, command, "socks5")
         if upstream is None:
             code = proto.SOCKS_NOT_ALLOWED if decision is not None else proto.SOCKS_HOST_UNREACHABLE

@@ -213,7 +213,7 @@ def explain_path(policy: SandboxPolicy, path: Path, operation: str,
             if _within(path, denied):
                 src = policy.sources.get(str(denied), "settings")
                 return PathVerdict(path, operation, False, f"{denied} is unreadable ({src})",
-                                   f"add it to filesystem.allowRead (reduces security)")
+                                   "add it to filesystem.allowRead (reduces security)")
         for hidden, why in policy.hidden_paths:
             if _within(path, hidden):
                 return PathVerdict(path, operation, False, f"{hidden} is hidden: {why}")
@@ -242,7 +242,7 @@ def explain_path(policy: SandboxPolicy, path: Path, operation: str,
                            "switch to workspace-write (tuishell run --mode workspace-write)")
     roots = ", ".join(str(r) for r in policy.writable_roots)
     return PathVerdict(path, operation, False, f"outside the writable roots ({roots}, /tmp)",
-                       f"add it to filesystem.allowWrite (reduces security)")
+                       "add it to filesystem.allowWrite (reduces security)")
 
 
 def _protected_component(path: Path, roots: tuple[Path, ...]) -> str | None:

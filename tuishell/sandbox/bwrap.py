@@ -92,7 +92,7 @@ def _system_bwrap() -> BwrapBinary:
                                  "apt-get install bubblewrap, or use the embedded one") from None
     if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise SandboxUnavailable(f"{SYSTEM_BWRAP} is not a root-owned file writable only by root",
-                                 f"reinstall it: apt-get install --reinstall bubblewrap")
+                                 "reinstall it: apt-get install --reinstall bubblewrap")
     try:
         out = subprocess.run([str(SYSTEM_BWRAP), "--version"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError) as exc:
