@@ -125,6 +125,22 @@ async def serve(scenario: str) -> None:
                 await attempt("write-outside", self.conn.write_text_file(
                     session_id=session_id, path=os.path.join(home, "outside.txt"), content="escaped\n"))
                 await attempt("read-key", self.conn.read_text_file(session_id=session_id, path=key))
+                # Links the agent makes itself, resolved by tuishell on the host: in the sandbox's
+                # private /tmp, and in the workspace.
+                for target, link in ((key, "/tmp/key-link"), (key, os.path.join(self.cwd, "key-link")),
+                                     (home, "/tmp/home-link")):
+                    try:
+                        os.symlink(target, link)
+                    except OSError as exc:  # read-only mode: the workspace is not writable in here
+                        await say(f"symlink {link}: {type(exc).__name__}")
+                await attempt("read-tmp-link", self.conn.read_text_file(session_id=session_id, path="/tmp/key-link"))
+                await attempt("read-ws-link", self.conn.read_text_file(
+                    session_id=session_id, path=os.path.join(self.cwd, "key-link")))
+                await attempt("write-tmp-link", self.conn.write_text_file(
+                    session_id=session_id, path="/tmp/home-link/outside.txt", content="escaped\n"))
+                await attempt("write-tmp", self.conn.write_text_file(
+                    session_id=session_id, path="/tmp/scratch/note.txt", content="in the private tmp\n"))
+                await attempt("read-tmp", self.conn.read_text_file(session_id=session_id, path="/tmp/scratch/note.txt"))
                 try:
                     with open(key) as fh:
                         data = fh.read()

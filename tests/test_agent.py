@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 
 import pytest
 
@@ -245,3 +246,24 @@ def test_chat_once_denies_unknown_domains_and_tells_the_model(me, model, web):
     result = me.run("chat", "--base-url", model.base_url, "--resolve", "app.test=127.0.0.1", "--once", "fetch")
     assert result.returncode == 0
     assert "403" in json.dumps(model.requests[-1]["messages"])
+
+
+def test_file_tools_do_not_follow_links_planted_in_the_private_tmp(me):
+    """A sandboxed command links /tmp/k to the key; the host-side file tool must not follow it."""
+    from tuishell.agent.tools import FileTools
+    from tuishell.shell import open_session
+
+    shell, _ = open_session(me.workspace, {}, (), {}, None)
+    try:
+        done = threading.Event()
+        shell.run_command(f"ln -s {me.home}/.ssh/id_ed25519 /tmp/k && ln -s {me.home}/.bashrc /tmp/rc", lambda r: done.set())
+        assert done.wait(30)
+        tools = FileTools(shell)
+        read = tools.read_file({"path": "/tmp/k"})
+        assert not read.ok and "SECRET" not in read.content
+        wrote = tools.write_file({"path": "/tmp/rc", "content": "evil"})
+        assert not wrote.ok and not (me.home / ".bashrc").exists()
+        assert tools.write_file({"path": "/tmp/fine.txt", "content": "ok"}).ok
+        assert (shell.session.tmp / "fine.txt").read_text() == "ok"
+    finally:
+        shell.stop_all()

@@ -2,9 +2,9 @@
 
 - `terminal/*` runs through `ShellSession.run_command`: the same sandbox, mode, proxy and
   network approvals as the user's own `!command`, streamed into the same command pane.
-- `fs/read_text_file` and `fs/write_text_file` go through the local agent's `FileTools`, so the
-  policy check (on the path and on where its links lead) is written once; a refusal is reported
-  to the front end (`on_denied`, the boundary-violation modal) and answered with an error.
+- `fs/read_text_file` and `fs/write_text_file` are judged by the local agent's `FileTools.check`,
+  so the policy rule is written once, and done with link-proof I/O (`files`); a refusal is
+  reported to the front end (`on_denied`, the boundary-violation modal) and answered with an error.
 - `session/request_permission` asks the user through `ask_permission` (the one-key approval UI);
   a cancelled turn answers `cancelled`, as the protocol requires.
 - `session/update` streams text, thoughts, tool calls and plans to the front end.
@@ -15,6 +15,7 @@ Anything else the agent calls is answered "method not found" by the SDK's router
 from __future__ import annotations
 
 import asyncio
+import errno
 import re
 import shlex
 import threading
@@ -42,7 +43,9 @@ from acp.schema import (
     WriteTextFileResponse,
 )
 
-from tuishell.acp.wire import INTERNAL_ERROR, POLICY_DENIED
+from tuishell.agent import fileio as files
+from tuishell.agent.fileio import FileRefused
+from tuishell.acp.wire import INTERNAL_ERROR, POLICY_DENIED, RESOURCE_NOT_FOUND
 from tuishell.agent.tools import FileTools
 from tuishell.net.approvals import ANSWER_KEYS, Answer
 
@@ -189,6 +192,14 @@ def in_thread(function: Callable, *args) -> asyncio.Future:
     return future
 
 
+def _io_error(operation: str, path: str, exc: OSError) -> RequestError:
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ELOOP:  # the path was link-free when it was judged
+        reason += " (the file became a link after it was checked; tuishell does not follow it)"
+    code = RESOURCE_NOT_FOUND if exc.errno == errno.ENOENT else INTERNAL_ERROR
+    return RequestError(code, f"cannot {operation} {path}: {reason}", {"path": path})
+
+
 def _text_of(block) -> str:
     return getattr(block, "text", None) or ""
 
@@ -213,13 +224,13 @@ class SandboxClient:
         if self.session_id is not None and session_id != self.session_id:
             raise RequestError.invalid_params({"sessionId": f"unknown session {session_id!r}"})
 
-    def _notify(self, callback: Callable, *args) -> None:
+    def tell(self, callback: Callable, *args) -> None:
         """Call a front-end callback; a failure there is reported, never raised into the SDK."""
         try:
             callback(*args)
         except Exception as exc:  # noqa: BLE001
             if callback is not self.events.on_notice:
-                self._notify(self.events.on_notice, f"tuishell: a display callback failed: {exc!r}")
+                self.tell(self.events.on_notice, f"tuishell: a display callback failed: {exc!r}")
 
     def _terminal(self, session_id: str, terminal_id: str) -> Terminal:
         self._check_session(session_id)
@@ -234,18 +245,18 @@ class SandboxClient:
         """Stream the agent's words, thoughts, tool calls and plan to the front end."""
         if isinstance(update, AgentMessageChunk):
             if text := _text_of(update.content):
-                self._notify(self.events.on_text, text)
+                self.tell(self.events.on_text, text)
         elif isinstance(update, AgentThoughtChunk):
             if text := _text_of(update.content):
-                self._notify(self.events.on_thought, text)
+                self.tell(self.events.on_thought, text)
         elif isinstance(update, (ToolCallStart, ToolCallProgress)):
             old_title, old_status = self._tool_calls.get(update.tool_call_id, ("tool call", "pending"))
             title, status = update.title or old_title, update.status or old_status
             self._tool_calls[update.tool_call_id] = (title, status)
-            self._notify(self.events.on_tool_call, update.tool_call_id, title, status)
+            self.tell(self.events.on_tool_call, update.tool_call_id, title, status)
         elif isinstance(update, AgentPlanUpdate):
             steps = [PlanStep(e.content, e.status, e.priority) for e in update.entries]
-            self._notify(self.events.on_plan, steps)
+            self.tell(self.events.on_plan, steps)
         # Other updates (available commands, modes, usage, the user's own echo) are not shown.
 
     # ------------------------------------------------------------------ session/request_permission
@@ -270,33 +281,33 @@ class SandboxClient:
         try:
             option_id = answer.result()
         except Exception as exc:  # noqa: BLE001 - a broken front end never allows anything
-            self._notify(self.events.on_notice, f"The permission question failed ({exc!r}); answered cancelled.")
+            self.tell(self.events.on_notice, f"The permission question failed ({exc!r}); answered cancelled.")
             return cancelled
         if option_id is None:
             return cancelled
         if option_id not in {c.option_id for c in choices}:
-            self._notify(self.events.on_notice, f"Permission answer {option_id!r} is not one the agent offered; "
+            self.tell(self.events.on_notice, f"Permission answer {option_id!r} is not one the agent offered; "
                                                 "answered cancelled.")
             return cancelled
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=option_id))
 
     # ------------------------------------------------------------------ fs/*
 
-    def _refused(self, result) -> RequestError:
-        self._notify(self.events.on_denied, list(result.denied))
-        data = [{"path": str(v.path), "operation": v.operation, "rule": v.rule} for v in result.denied]
-        return RequestError(POLICY_DENIED, result.content, data)
+    def _refused(self, refused: FileRefused) -> RequestError:
+        self.tell(self.events.on_denied, list(refused.verdicts))
+        data = [{"path": str(v.path), "operation": v.operation, "rule": v.rule} for v in refused.verdicts]
+        return RequestError(POLICY_DENIED, f"denied by the sandbox policy: {refused}", data)
 
     async def read_text_file(self, session_id: str, path: str, line: int | None = None, limit: int | None = None,
                              **kwargs: Any) -> ReadTextFileResponse:
-        """Read through the policy check the sandbox's mounts come from."""
+        """Read through the policy check the sandbox's mounts come from (see `files`)."""
         self._check_session(session_id)
-        result = await asyncio.to_thread(self.files.read_file, {"path": path})
-        if result.denied:
-            raise self._refused(result)
-        if not result.ok:
-            raise RequestError(INTERNAL_ERROR, result.content, {"path": path})
-        text = result.content
+        try:
+            text = await asyncio.to_thread(files.read_text, self.files, path)
+        except FileRefused as refused:
+            raise self._refused(refused) from None
+        except OSError as exc:
+            raise _io_error("read", path, exc) from None
         if line is not None or limit is not None:
             lines = text.splitlines(keepends=True)
             start = max((line or 1) - 1, 0)
@@ -305,13 +316,14 @@ class SandboxClient:
 
     async def write_text_file(self, session_id: str, path: str, content: str,
                               **kwargs: Any) -> WriteTextFileResponse:
-        """Write through the same policy check as a write from inside the sandbox."""
+        """Write through the same policy check as a write from inside the sandbox (see `files`)."""
         self._check_session(session_id)
-        result = await asyncio.to_thread(self.files.write_file, {"path": path, "content": content})
-        if result.denied:
-            raise self._refused(result)
-        if not result.ok:
-            raise RequestError(INTERNAL_ERROR, result.content, {"path": path})
+        try:
+            await asyncio.to_thread(files.write_text, self.files, path, content)
+        except FileRefused as refused:
+            raise self._refused(refused) from None
+        except OSError as exc:
+            raise _io_error("write", path, exc) from None
         return WriteTextFileResponse()
 
     # ------------------------------------------------------------------ terminal/*
@@ -339,14 +351,14 @@ class SandboxClient:
         limit = output_byte_limit if output_byte_limit is not None else DEFAULT_OUTPUT_LIMIT
         run = self.shell.run_command(line, done)
         self.terminals[terminal_id] = self._started[terminal_id] = Terminal(run, max(0, limit))
-        self._notify(self.events.on_terminal, run)
+        self.tell(self.events.on_terminal, run)
         return CreateTerminalResponse(terminal_id=terminal_id)
 
     def _terminal_done(self, terminal_id: str) -> None:
         terminal = self._started.get(terminal_id)
         if terminal is not None and not terminal.done.is_set():
             terminal.done.set()
-            self._notify(self.events.on_terminal_done, terminal.run)
+            self.tell(self.events.on_terminal_done, terminal.run)
 
     async def terminal_output(self, session_id: str, terminal_id: str, **kwargs: Any) -> TerminalOutputResponse:
         """What the command printed so far (its newest part, within the agent's byte limit)."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import subprocess
 import threading
-from pathlib import Path
 from typing import Sequence
 
 from acp import PROTOCOL_VERSION, RequestError, connect_to_agent, text_block
@@ -82,12 +82,13 @@ class AgentPipe:
     """
 
     def __init__(self, reader: asyncio.StreamReader, read_end: asyncio.ReadTransport, writer: asyncio.WriteTransport,
-                 pipe: _WritePipe, events: AcpEvents):
+                 pipe: _WritePipe, client: SandboxClient):
         self._reader = reader
         self._read_end = read_end
         self._writer = writer
         self._pipe = pipe
-        self._events = events
+        self._events = client.events
+        self._tell = client.tell
         self._lock = asyncio.Lock()
         self._calls: dict[object, str] = {}  # the agent's open requests: id -> method
         self._told: set[tuple[str, int]] = set()
@@ -97,7 +98,7 @@ class AgentPipe:
     async def send(self, message: dict) -> None:
         """Write one message; once the agent is gone, messages are dropped (its exit is reported)."""
         self._check_reply(message)
-        self._events.on_wire("out", message)
+        self._tell(self._events.on_wire, "out", message)
         async with self._lock:
             if self._writer.is_closing() or self._pipe.lost:
                 return
@@ -117,7 +118,7 @@ class AgentPipe:
             if isinstance(frame, wire.BadFrame):
                 await self._bad(frame)
                 continue
-            self._events.on_wire("in", frame)
+            self._tell(self._events.on_wire, "in", frame)
             if "method" in frame and "id" in frame:
                 self._calls[frame["id"]] = frame["method"]
             return frame
@@ -152,8 +153,8 @@ class AgentPipe:
                 await self.send(reply)
         if self.bad_lines <= MAX_REPORTED_BAD_LINES:
             more = " (further bad lines are not reported)" if self.bad_lines == MAX_REPORTED_BAD_LINES else ""
-            self._events.on_notice(f"ACP: {frame.describe()}; ignored{more}. An ACP agent must write only "
-                                   "JSON-RPC on stdout (logs belong on stderr).")
+            self._tell(self._events.on_notice, f"ACP: {frame.describe()}; ignored{more}. An ACP agent must "
+                                               "write only JSON-RPC on stdout (logs belong on stderr).")
 
     def _check_reply(self, message: dict) -> None:
         if "method" in message or "id" not in message:
@@ -169,7 +170,7 @@ class AgentPipe:
                                      "it was answered \"invalid params\""}.get(code)
         if text and (method, code) not in self._told:
             self._told.add((method, code))
-            self._events.on_notice(f"ACP: {text}.")
+            self._tell(self._events.on_notice, f"ACP: {text}.")
 
 
 _TOO_LONG = object()
@@ -191,18 +192,18 @@ class AcpHost:
         self.session_id: str | None = None
         self.agent_name = os.path.basename(self.argv[0])
         self.result = None  # the agent process's RunResult, once it has ended
+        self.busy = False  # a turn is under way (Esc cancels it)
         self._conn = None
         self._pipe: AgentPipe | None = None
         self._exited: asyncio.Future | None = None
         self._stderr = bytearray()
         self._stderr_reader: threading.Thread | None = None
+        self._spawning: asyncio.Future | None = None
         self._closed = False
 
     @property
     def command(self) -> str:
         """The agent's command line, as shown to the user."""
-        import shlex
-
         return shlex.join(self.argv)
 
     @property
@@ -244,8 +245,12 @@ class AcpHost:
         if self.session_id is None or self._closed:
             raise self._fail("the agent is not running; start it again")
         self.client.cancelled.clear()
-        response = await self._call(self._conn.prompt(session_id=self.session_id, prompt=[text_block(text)]),
-                                    "session/prompt", None)
+        self.busy = True
+        try:
+            response = await self._call(self._conn.prompt(session_id=self.session_id, prompt=[text_block(text)]),
+                                        "session/prompt", None)
+        finally:
+            self.busy = False
         return response.stop_reason
 
     async def cancel(self) -> None:
@@ -265,6 +270,10 @@ class AcpHost:
         self._closed = True
         self.client.cancelled.set()
         running = self.client.stop_terminals()
+        if self._spawning is not None:
+            await asyncio.wait({self._spawning}, timeout=30)  # a start cancelled mid-spawn
+            if self._spawning.done():
+                self._spawning.exception()  # a failed spawn was reported by `_spawn` already
         if self.process is not None:
             self.process.kill()
         if self._conn is not None:
@@ -273,7 +282,11 @@ class AcpHost:
             except (Exception, asyncio.TimeoutError):  # noqa: BLE001 - closing a dead connection
                 pass
         if self.process is not None:
-            self.result = await in_thread(self.process.finish, self.stderr_tail())
+            try:
+                self.result = await in_thread(self.process.finish, self.stderr_tail())
+            except Exception as exc:  # noqa: BLE001 - the process is dead; only its report failed
+                self.client.tell(self.events.on_notice, f"ACP agent `{self.agent_name}`: could not read how it "
+                                                        f"ended: {exc!r}")
         if self._stderr_reader is not None:
             await in_thread(self._stderr_reader.join, 5)
         # A terminal whose spawn was still under way when it was stopped: stop it again until it ends.
@@ -290,7 +303,7 @@ class AcpHost:
 
     def _fail(self, message: str) -> AcpError:
         """An AcpError for the caller, told to the user once."""
-        self.events.on_notice(f"ACP agent `{self.agent_name}`: {message}")
+        self.client.tell(self.events.on_notice, f"ACP agent `{self.agent_name}`: {message}")
         return AcpError(message)
 
     async def _spawn(self) -> None:
@@ -308,15 +321,23 @@ class AcpHost:
 
                 network = NetworkMode.PROXY if shell.proxy is not None else NetworkMode.NONE
                 plan = await asyncio.to_thread(shell.session.plan, self.argv, shell.workspace, network)
-                self.process = await asyncio.to_thread(shell.session.spawn, plan, proxy=shell.proxy,
-                                                       label=f"ACP agent {self.command}", **pipes)
+
+                def spawn():
+                    return shell.session.spawn(plan, proxy=shell.proxy, label=f"ACP agent {self.command}", **pipes)
             else:
                 from tuishell.sandbox.runner import SandboxSession
 
-                self.events.on_notice(f"⚠ The ACP agent `{self.agent_name}` runs UNSANDBOXED "
-                                      f"({shell.unavailable or shell.mode.label}).")
-                self.process = SandboxSession(shell.policy, None).spawn_unsandboxed(
-                    self.argv, cwd=shell.workspace, **pipes)
+                self.client.tell(self.events.on_notice, f"⚠ The ACP agent `{self.agent_name}` runs UNSANDBOXED "
+                                                        f"({shell.unavailable or shell.mode.label}).")
+
+                def spawn():
+                    return SandboxSession(shell.policy, None).spawn_unsandboxed(self.argv, cwd=shell.workspace,
+                                                                                **pipes)
+
+            loop = asyncio.get_running_loop()
+            self._spawning, self._exited = loop.create_future(), loop.create_future()
+            threading.Thread(target=self._live, args=(spawn, loop), daemon=True, name="tuishell-acp-agent").start()
+            await asyncio.shield(self._spawning)  # a cancelled start still lets `close` find the process
         except AcpError:
             raise
         except Exception as exc:  # noqa: BLE001 - a spawn failure is a message, not a traceback
@@ -325,22 +346,42 @@ class AcpHost:
         self._stderr_reader = threading.Thread(target=self._read_stderr, args=(popen.stderr,), daemon=True,
                                                name="tuishell-acp-stderr")
         self._stderr_reader.start()
-        loop = asyncio.get_running_loop()
-        self._exited = loop.create_future()
-
-        def wait() -> None:
-            popen.wait()
-            try:
-                loop.call_soon_threadsafe(lambda: self._exited.done() or self._exited.set_result(None))
-            except RuntimeError:  # the loop is closed
-                pass
-
-        threading.Thread(target=wait, daemon=True, name="tuishell-acp-wait").start()
         reader = asyncio.StreamReader(limit=wire.MAX_LINE)
         read_end, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), popen.stdout)
         pipe = _WritePipe()
         writer, _ = await loop.connect_write_pipe(lambda: pipe, popen.stdin)
-        self._pipe = AgentPipe(reader, read_end, writer, pipe, self.events)
+        self._pipe = AgentPipe(reader, read_end, writer, pipe, self.client)
+
+    def _live(self, spawn, loop: asyncio.AbstractEventLoop) -> None:
+        """The agent's own thread: spawn it, then wait for it to end.
+
+        One thread for the agent's whole life, because bwrap's --die-with-parent follows the
+        *thread* that started it: spawned from a short-lived worker thread, the agent would be
+        killed as soon as that thread ended.
+        """
+        def settle(future: asyncio.Future, exc: BaseException | None = None) -> None:
+            def set_it() -> None:
+                if future.done():
+                    return
+                if exc is not None:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(None)
+
+            try:
+                loop.call_soon_threadsafe(set_it)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+
+        try:
+            self.process = spawn()
+        except Exception as exc:  # noqa: BLE001 - handed to `_spawn`, which words it
+            settle(self._spawning, exc)
+            settle(self._exited)
+            return
+        settle(self._spawning)
+        self.process.popen.wait()
+        settle(self._exited)
 
     def _connect(self) -> None:
         self._conn = connect_to_agent(self.client, self._pipe)
@@ -401,7 +442,7 @@ class AcpHost:
     def _silence_message(self, what: str, timeout: float | None) -> str:
         message = f"it did not answer `{what}` within {timeout:g}s."
         if self._pipe is not None and self._pipe.last_bad is not None:
-            message += f" It wrote lines that are not JSON-RPC on stdout ({self._pipe.last_bad.describe()})."
+            message += f" It wrote lines that are not JSON-RPC on stdout, such as {self._pipe.last_bad.excerpt}."
         message += (" Is it an ACP agent, and started in ACP mode (Gemini CLI needs `--experimental-acp`; "
                     "Claude Code and Codex need their ACP adapters)?")
         return message + self._stderr_words()
@@ -420,7 +461,7 @@ class AcpHost:
             shown = code if code >= 0 else f"killed by signal {-code}"
             message = f"it exited during `{what}` (exit code {shown})"
         if self._pipe is not None and self._pipe.last_bad is not None:
-            message += f"; it had written lines that are not JSON-RPC on stdout ({self._pipe.last_bad.describe()})"
+            message += f"; it had written lines that are not JSON-RPC on stdout, such as {self._pipe.last_bad.excerpt}"
         return message + "." + self._stderr_words()
 
     def _stderr_words(self) -> str:

@@ -18,6 +18,7 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+RESOURCE_NOT_FOUND = -32002  # ACP's own
 #: ACP has no code for "the client's policy refused this"; -32001 is in JSON-RPC's range for
 #: implementation-defined server errors (ACP itself uses -32000 and -32002 there).
 POLICY_DENIED = -32001

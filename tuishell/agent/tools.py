@@ -3,9 +3,11 @@
 `shell` runs in the sandbox exactly like a user's `!command` (same session, mode, proxy and
 approvals). The file tools run in the tuishell process for speed, so before any I/O each path
 is judged by the same policy function the sandbox's mounts come from (`explain_path`), on the
-path as given *and* on where its symlinks lead: a link in the workspace to `~/.ssh/id_rsa` is as
-unreadable as the key itself. A refusal comes back as a `ToolResult` with `denied` set, which the
-app turns into the same boundary-violation modal a command gets.
+path as given *and* on where its symlinks lead (as the sandbox would see it): a link in the
+workspace or the private /tmp to `~/.ssh/id_rsa` is as unreadable as the key itself. The I/O
+then goes through `fileio`, which never follows a link that appeared after the check. A refusal
+comes back as a `ToolResult` with `denied` set, which the app turns into the same
+boundary-violation modal a command gets.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuishell.agent import fileio
+
 MAX_OUTPUT = 16 * 1024  # what a tool result may put into the model's context
-MAX_READ = 256 * 1024
 MAX_MATCHES = 200
 
 TOOL_SCHEMAS = [
@@ -109,13 +112,6 @@ class FileTools:
         path = Path(raw).expanduser()
         return Path(os.path.normpath(path if path.is_absolute() else self.shell.workspace / path))
 
-    def _host_path(self, path: Path) -> Path:
-        """The sandbox's /tmp is the session's private folder on the host."""
-        session = self.shell.session
-        if session is not None and (path == Path("/tmp") or Path("/tmp") in path.parents):
-            return session.tmp / path.relative_to("/tmp")
-        return path
-
     def check(self, path: Path, operation: str) -> list:
         """The policy's refusals for `operation` on `path` and on where its links lead (empty = allowed)."""
         refusals = []
@@ -125,79 +121,76 @@ class FileTools:
                 refusals.append(verdict)
         return refusals
 
-    def _denied(self, verdicts: list) -> ToolResult:
+    @staticmethod
+    def _denied(verdicts: list) -> ToolResult:
         text = "; ".join(f"blocked {v.operation} {v.path}: {v.rule}" for v in verdicts)
         return ToolResult(f"denied by the sandbox policy: {text}", ok=False, denied=verdicts)
 
-    def read_file(self, args: dict) -> ToolResult:
-        path = self._resolve(args["path"])
-        if refusals := self.check(path, "read"):
-            return self._denied(refusals)
+    def _guarded(self, action, path: str) -> ToolResult:
         try:
-            data = self._host_path(path).read_bytes()[:MAX_READ]
+            return action()
+        except fileio.FileRefused as exc:
+            return self._denied(exc.verdicts)
         except OSError as exc:
-            return ToolResult(f"cannot read {path}: {exc.strerror}", ok=False)
-        return ToolResult(data.decode("utf-8", "replace"))
+            return ToolResult(f"cannot access {path}: {exc.strerror or exc}", ok=False)
+
+    def read_file(self, args: dict) -> ToolResult:
+        return self._guarded(lambda: ToolResult(fileio.read_text(self, args["path"])), args["path"])
 
     def write_file(self, args: dict) -> ToolResult:
-        path = self._resolve(args["path"])
-        if refusals := self.check(path, "write"):
-            return self._denied(refusals)
-        host = self._host_path(path)
-        try:
-            host.parent.mkdir(parents=True, exist_ok=True)
-            host.write_text(args["content"])
-        except OSError as exc:
-            return ToolResult(f"cannot write {path}: {exc.strerror}", ok=False)
-        return ToolResult(f"wrote {len(args['content'].encode())} bytes to {path}")
+        def write() -> ToolResult:
+            fileio.write_text(self, args["path"], args["content"])
+            return ToolResult(f"wrote {len(args['content'].encode())} bytes to {args['path']}")
+
+        return self._guarded(write, args["path"])
 
     def edit_file(self, args: dict) -> ToolResult:
-        path = self._resolve(args["path"])
-        if refusals := self.check(path, "write"):
-            return self._denied(refusals)
-        host = self._host_path(path)
-        try:
-            text = host.read_text()
-        except OSError as exc:
-            return ToolResult(f"cannot read {path}: {exc.strerror}", ok=False)
-        count = text.count(args["old_text"])
-        if count != 1:
-            return ToolResult(f"old_text occurs {count} times in {path}; it must occur exactly once", ok=False)
-        host.write_text(text.replace(args["old_text"], args["new_text"], 1))
-        return ToolResult(f"edited {path}")
+        def edit() -> ToolResult:
+            text = fileio.read_text(self, args["path"], limit=1 << 30)
+            count = text.count(args["old_text"])
+            if count != 1:
+                return ToolResult(f"old_text occurs {count} times in {args['path']}; it must occur exactly once",
+                                  ok=False)
+            fileio.write_text(self, args["path"], text.replace(args["old_text"], args["new_text"], 1))
+            return ToolResult(f"edited {args['path']}")
+
+        return self._guarded(edit, args["path"])
 
     def list_dir(self, args: dict) -> ToolResult:
-        path = self._resolve(args.get("path") or ".")
-        if refusals := self.check(path, "read"):
-            return self._denied(refusals)
-        try:
-            entries = sorted(self._host_path(path).iterdir())
-        except OSError as exc:
-            return ToolResult(f"cannot list {path}: {exc.strerror}", ok=False)
-        return ToolResult("\n".join(e.name + ("/" if e.is_dir() else "") for e in entries) or "(empty)")
+        raw = args.get("path") or "."
+
+        def listing() -> ToolResult:
+            real = fileio.checked(self, raw, "read")
+            entries = sorted(real.iterdir())
+            return ToolResult("\n".join(e.name + ("/" if e.is_dir() else "") for e in entries) or "(empty)")
+
+        return self._guarded(listing, raw)
 
     def search(self, args: dict) -> ToolResult:
-        root = self._resolve(args.get("path") or ".")
-        if refusals := self.check(root, "read"):
-            return self._denied(refusals)
+        raw = args.get("path") or "."
         try:
             pattern = re.compile(args["pattern"])
         except re.error as exc:
             return ToolResult(f"invalid regular expression: {exc}", ok=False)
+        root = self._resolve(raw)
+        try:
+            real_root = fileio.checked(self, raw, "read")
+        except fileio.FileRefused as exc:
+            return self._denied(exc.verdicts)
+        except OSError as exc:
+            return ToolResult(f"cannot search {raw}: {exc.strerror}", ok=False)
         matches = []
-        for dirpath, dirnames, filenames in os.walk(self._host_path(root)):
-            dirnames[:] = [d for d in dirnames if d != ".git" and not self.check(Path(dirpath) / d, "read")]
+        for dirpath, dirnames, filenames in os.walk(real_root):  # never follows directory links
+            dirnames[:] = [d for d in dirnames if d != ".git"]
             for name in filenames:
-                file = Path(dirpath) / name
-                if self.check(file, "read"):
+                shown = root / Path(dirpath).relative_to(real_root) / name
+                try:  # each file through the same check and no-follow open as read_file
+                    text = fileio.read_text(self, str(shown))
+                except (fileio.FileRefused, OSError):
                     continue
-                try:
-                    with file.open(errors="replace") as fh:
-                        for number, line in enumerate(fh, 1):
-                            if pattern.search(line):
-                                matches.append(f"{file.relative_to(self._host_path(root))}:{number}: {line.rstrip()[:200]}")
-                                if len(matches) >= MAX_MATCHES:
-                                    return ToolResult("\n".join(matches) + "\n… (more matches not shown)")
-                except (OSError, UnicodeError):
-                    continue
+                for number, line in enumerate(text.splitlines(), 1):
+                    if pattern.search(line):
+                        matches.append(f"{shown.relative_to(root)}:{number}: {line[:200]}")
+                        if len(matches) >= MAX_MATCHES:
+                            return ToolResult("\n".join(matches) + "\n… (more matches not shown)")
         return ToolResult("\n".join(matches) or "no matches")
