@@ -35,6 +35,11 @@ from tuishell.shell import open_session
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
 
 AGENT = Path(__file__).with_name("acp_scripted_agent.py")
+if Path("/tmp") in AGENT.parents:  # a checkout under /tmp: the sandbox has its own /tmp
+    _visible = Path("/var/tmp/tuishell-tests")
+    _visible.mkdir(parents=True, exist_ok=True)
+    AGENT = Path(shutil.copy2(AGENT, _visible / f"acp_scripted_agent_{os.getpid()}.py"))
+    atexit.register(AGENT.unlink, missing_ok=True)
 # Safety bounds only: a passing test never waits this long, a broken one fails instead of hanging.
 WAIT = 30.0
 SHORT_START = 4.0  # the start timeout for agents that are meant never to answer

@@ -165,8 +165,11 @@ class TuishellApp(App):
 
     def __init__(self, workspace: Path, cli_values: Mapping | None = None, settings_files: Sequence[Path] = (),
                  hosts: Mapping[str, str] | None = None, theme: str = "dark", base_url: str | None = None,
-                 model: str | None = None, approvals: str | None = None):
+                 model: str | None = None, approvals: str | None = None, acp: Sequence[str] | None = None):
         super().__init__(css_path=theme_css(theme))
+        self.acp_argv = list(acp) if acp else None
+        self.acp = None  # tuishell.acp.AcpHost when hosting an external agent
+        self._acp_cards: dict[str, Static] = {}
         self.base_url, self.model_name, self.approvals_flag = base_url, model, approvals
         self.agent = None
         self.model_problem: str | None = "not connected yet"
@@ -203,7 +206,10 @@ class TuishellApp(App):
             self.query_one("#banners").mount(Static(text, classes=f"banner {kind}", markup=False))
         self.say(f"Workspace: {self.workspace}. Type a message for the agent, !CMD to run a command in "
                  "the sandbox, /help for more.")
-        self.connect_agent(startup=True)
+        if self.acp_argv:
+            self.start_acp()
+        else:
+            self.connect_agent(startup=True)
         self.refresh_status()
         self.set_interval(FLUSH_INTERVAL, self._flush_output)
         self.set_interval(0.5, self.refresh_status)
@@ -232,7 +238,9 @@ class TuishellApp(App):
             bar.sandbox = f"⚠ unsandboxed: {shell.unavailable}" if shell.refusal() is None else "✗ sandbox unavailable: commands refused"
         else:
             bar.sandbox = f"✓ {shell.session.backend.label}"
-        if self.agent is not None and self.model_problem is None:
+        if self.acp is not None:
+            bar.model = f"ACP: {self.acp.agent_name or self.acp_argv[0]}"
+        elif self.agent is not None and self.model_problem is None:
             bar.model = f"{self.agent.client.config.model} ({self.agent.approvals.value})"
         else:
             bar.model = "model ✗"
@@ -259,7 +267,10 @@ class TuishellApp(App):
             self.slash(line)
         else:
             self.say(f"> {line}", "user")
-            self.agent_turn(line)
+            if self.acp_argv:
+                self.acp_turn(line)
+            else:
+                self.agent_turn(line)
 
     def run_shell(self, command: str, **kw) -> None:
         """Run a command line in the sandbox, streaming into the pane."""
@@ -454,6 +465,99 @@ class TuishellApp(App):
         """Esc: cancel the agent's turn (closes the stream, stops its running command)."""
         if self.agent is not None and self.agent.busy:
             self.agent.cancel()
+        if self.acp is not None and self.acp.busy:
+            self.run_worker(self.acp.cancel())
+
+    # ------------------------------------------------------------------ ACP (external agents)
+
+    def start_acp(self) -> None:
+        """Start the external agent inside the sandbox and speak ACP to it."""
+        from tuishell.acp import AcpError, AcpHost
+
+        if self.shell.session is None:
+            self.say("Refused: an ACP agent only runs inside the sandbox, which cannot start here.", "error")
+            return
+        host = AcpHost(self.shell, self.acp_argv, self._acp_events())
+
+        async def start() -> None:
+            try:
+                await host.start()
+            except AcpError:
+                return  # on_notice already said why
+            self.acp = host
+            self.say(f"ACP agent {host.agent_name or self.acp_argv[0]} is running inside the sandbox "
+                     f"({self.shell.mode.label}).")
+            self.refresh_status()
+
+        self.run_worker(start(), exit_on_error=False)
+
+    def acp_turn(self, text: str) -> None:
+        """Send a message to the external agent."""
+        from tuishell.acp import AcpError
+
+        if self.acp is None:
+            self.say("The ACP agent is not running.", "error")
+            return
+        if self.acp.busy:
+            self.say("Busy: wait for the current turn, or press Esc.", "warning")
+            return
+        self._agent_card = None
+
+        async def turn() -> None:
+            try:
+                reason = await self.acp.prompt(text)
+            except AcpError:
+                return
+            if reason not in ("end_turn", None):
+                self.say(f"The agent stopped: {reason}.")
+
+        self.run_worker(turn(), exit_on_error=False)
+
+    def _acp_events(self):
+        from concurrent.futures import Future
+
+        from tuishell.acp import AcpEvents
+        from tuishell.screens.approval import Choice, ChoiceModal
+
+        def on_text(text: str) -> None:  # on the app's loop: widgets directly
+            if self._agent_card is None:
+                self._agent_card = self.say("", "agent")
+                self._agent_card.text = ""
+            self._agent_text.append(text)
+
+        def on_tool_call(call_id: str, title: str, status: str) -> None:
+            self._agent_card = None
+            line = f"⚙ {title} [{status}]"
+            card = self._acp_cards.get(call_id)
+            if card is None:
+                self._acp_cards[call_id] = self.say(line, "tool")
+            else:
+                card.update(line)
+
+        def on_plan(steps) -> None:
+            marks = {"completed": "☑", "in_progress": "▶"}
+            self.say("Plan:\n" + "\n".join(f"  {marks.get(s.status, '☐')} {s.content}" for s in steps), "tool")
+
+        def on_denied(verdicts) -> None:
+            from tuishell.sandbox.denials import Denial
+
+            refused = CommandRun("agent file request (ACP)", self.shell.mode, True)
+            refused.denials = [Denial(f"{v.operation} {v.path}", v.rule, v.fix, v.operation, v.path)
+                               for v in verdicts]
+            self._offer_violation(refused, retry=False)
+
+        def ask_permission(title: str, choices) -> str | None:  # a worker thread: wait for the modal
+            future: Future = Future()
+            modal = ChoiceModal(f"The agent asks: {title}", [], [Choice(c.key, c.name, c.option_id) for c in choices],
+                                None)
+            self.call_from_thread(self.push_screen, modal, future.set_result)
+            return future.result()
+
+        return AcpEvents(on_text=on_text, on_thought=lambda text: self.say(text, "thought"),
+                         on_tool_call=on_tool_call, on_plan=on_plan,
+                         on_terminal=lambda run: self._show_run(run, "agent"),
+                         on_terminal_done=lambda run: self._finished(run), on_denied=on_denied,
+                         on_notice=lambda text: self.say(text, "error"), ask_permission=ask_permission)
 
 
     def _asker(self, request: ApprovalRequest, future: Future) -> None:
@@ -506,6 +610,8 @@ class TuishellApp(App):
 
     async def action_quit(self) -> None:
         """Quit, leaving no process behind."""
+        if self.acp is not None:
+            await self.acp.close()  # before the proxy and the private /tmp go away
         if self.shell is not None:
             self.shell.stop_all()
         self.exit()
@@ -659,9 +765,10 @@ class TuishellApp(App):
 
 
 def run_app(workspace: Path, hosts: Mapping[str, str], cli_values: Mapping, settings_files: Sequence[Path],
-            theme: str, base_url: str | None = None, model: str | None = None, approvals: str | None = None) -> int:
-    """`tuishell` with no subcommand."""
-    app = TuishellApp(workspace, cli_values, settings_files, hosts, theme, base_url, model, approvals)
+            theme: str, base_url: str | None = None, model: str | None = None, approvals: str | None = None,
+            acp: Sequence[str] | None = None) -> int:
+    """`tuishell` with no subcommand (`--acp -- CMD` hosts an external agent)."""
+    app = TuishellApp(workspace, cli_values, settings_files, hosts, theme, base_url, model, approvals, acp)
     app.run()
     if app.shell is not None:
         app.shell.stop_all()

@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tuishell", description="A sandboxed agent shell: commands run inside bubblewrap + seccomp.")
     parser.add_argument("--version", action="version", version=f"tuishell {__version__}")
+    parser.epilog = ("tuishell [OPTIONS] --acp -- AGENT_CMD [ARGS...] hosts an external agent over ACP; "
+                     "the agent itself runs inside the sandbox.")
     _add_session_options(parser)
     parser.add_argument("--theme", default="dark", choices=("dark", "light"), help="colour theme of the app")
     _add_agent_options(parser)
@@ -101,7 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tuishell` console script."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    acp = None
+    if "--acp" in argv:  # `tuishell [OPTIONS] --acp -- AGENT_CMD [ARGS...]`: the rest is the agent's
+        index = argv.index("--acp")
+        argv, acp = argv[:index], argv[index + 1:]
+        if acp[:1] == ["--"]:
+            acp = acp[1:]
+        if not acp:
+            parser.error("--acp needs the agent's command after --, e.g. tuishell --acp -- gemini --experimental-acp")
     args = parser.parse_args(argv)
+    args.acp = acp
     if args.command_name == "run":
         return _run(parser, args)
     if args.command_name == "sandbox":
@@ -139,7 +151,7 @@ def _app(args: argparse.Namespace) -> int:
     from tuishell.app import run_app
 
     return run_app(*session, _cli_values(args), args.settings, args.theme, args.base_url, args.model_name,
-                   args.approvals)
+                   args.approvals, args.acp)
 
 
 def _chat(args: argparse.Namespace) -> int:
