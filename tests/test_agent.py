@@ -267,3 +267,20 @@ def test_file_tools_do_not_follow_links_planted_in_the_private_tmp(me):
         assert (shell.session.tmp / "fine.txt").read_text() == "ok"
     finally:
         shell.stop_all()
+
+
+async def test_model_and_approvals_slash_commands(me):
+    with FakeOpenAI(models=["first-model", "second-model"]) as server:
+        app = TuishellApp(me.workspace, base_url=server.base_url)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await connected(pilot, app)
+            assert app.agent.client.config.model == "first-model"
+            await submit(pilot, app, "/model")
+            await wait_for(pilot, lambda: type(app.screen).__name__ == "ChoiceModal")
+            await pilot.press("2")
+            await pilot.pause(0.1)
+            assert app.agent.client.config.model == "second-model"
+            await submit(pilot, app, "/approvals never")
+            assert app.agent.approvals.value == "never" and "(never)" in str(app.query_one("#status").render())
+            await submit(pilot, app, "/approvals sometimes")
+            assert "takes one of" in conversation_text(app)

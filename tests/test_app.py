@@ -293,3 +293,29 @@ async def test_broken_settings_banner_names_file_and_key(me):
         assert "settings.toml" in banner and "sandbox.mdoe" in banner
         await run_and_wait(pilot, app, "!touch nope.txt")
         assert not (me.workspace / "nope.txt").exists()
+
+
+async def test_f3_opens_the_panel_and_violation_u_runs_once_unsandboxed(me):
+    outside = me.home / "outside-u"
+    app = make_app(me)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("f3")
+        await pilot.pause(0.2)
+        assert type(app.screen).__name__ == "SandboxPanel"
+        await pilot.press("escape")
+        await run_and_wait(pilot, app, f"!touch {outside}")
+        assert not outside.exists()
+        await pilot.press("u")
+        await wait_for(pilot, lambda: app.current.result is not None and not app.current.sandboxed)
+        assert outside.exists()
+        assert "UNSANDBOXED" in str(app.current.card.render().renderables[0])
+
+
+async def test_history_down_returns_to_an_empty_prompt(me):
+    app = make_app(me)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await run_and_wait(pilot, app, "!echo one")
+        await pilot.press("up")
+        assert app.query_one("#prompt").value == "!echo one"
+        await pilot.press("down")
+        assert app.query_one("#prompt").value == ""
