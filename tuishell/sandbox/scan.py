@@ -140,6 +140,16 @@ def _scan_git_dir(git_dir: str, entries: list, git_dirs: list, prepare: bool) ->
         reason = PROTECTED_GIT_NAMES.get(name, "git config")
         entries.append(ProtectedEntry(Path(path), reason, stat.S_ISDIR(st.st_mode), _identity(st),
                                       stat.S_ISLNK(st.st_mode)))
+    hooks_path = configured_hooks_path(git_dir)
+    if hooks_path is not None:
+        try:
+            st = os.lstat(hooks_path)
+            entries.append(ProtectedEntry(hooks_path, "git hooks (core.hooksPath)", stat.S_ISDIR(st.st_mode),
+                                          _identity(st), stat.S_ISLNK(st.st_mode)))
+        except OSError:
+            # Not there yet: a command that creates it is caught by the post-run check, which
+            # sees this same configured path as a new protected entry.
+            pass
     modules = os.path.join(git_dir, "modules")
     if os.path.isdir(modules) and not os.path.islink(modules):
         for dirpath, dirnames, _files in os.walk(modules):
@@ -147,6 +157,28 @@ def _scan_git_dir(git_dir: str, entries: list, git_dirs: list, prepare: bool) ->
                 git_dirs.append(Path(dirpath))
                 _scan_git_dir(dirpath, entries, git_dirs, prepare)
                 dirnames[:] = [d for d in dirnames if d == "modules"]
+
+
+def configured_hooks_path(git_dir: str) -> Path | None:
+    """Where `core.hooksPath` (husky's `.husky/_`, a `.githooks/` folder…) points, if it is set.
+
+    Those hooks run on the next commit like `.git/hooks` ones, and usually live in the work tree,
+    so they are protected the same way. Cheap: git is asked only when the config mentions it.
+    """
+    config = os.path.join(git_dir, "config")
+    try:
+        with open(config, "rb") as fh:
+            if b"hookspath" not in fh.read(1 << 20).lower():
+                return None
+        out = subprocess.run(["git", "config", "--file", config, "--get", "core.hooksPath"], capture_output=True,
+                             text=True, timeout=10, env={"PATH": os.defpath}).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not out:
+        return None
+    path = Path(os.path.expanduser(out))
+    work_tree = Path(git_dir).parent  # relative hooksPath is resolved against the work tree's top
+    return Path(os.path.normpath(path if path.is_absolute() else work_tree / path))
 
 
 def new_entries(before: ProtectedScan, after: ProtectedScan) -> list[ProtectedEntry]:
