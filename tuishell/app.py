@@ -211,9 +211,21 @@ class TuishellApp(App):
         else:
             self.connect_agent(startup=True)
         self.refresh_status()
-        self.set_interval(FLUSH_INTERVAL, self._flush_output)
-        self.set_interval(0.5, self.refresh_status)
+        self.set_interval(FLUSH_INTERVAL, self._while_mounted(self._flush_output))
+        self.set_interval(0.5, self._while_mounted(self.refresh_status))
         self.query_one("#prompt").focus()
+
+    def _while_mounted(self, callback):
+        """A timer callback that does nothing once the main screen's widgets are gone (shutdown)."""
+        from textual.css.query import NoMatches
+
+        def tick() -> None:
+            try:
+                callback()
+            except NoMatches:
+                pass
+
+        return tick
 
     def say(self, text: str, kind: str = "note") -> Static:
         """Add a message to the conversation."""
