@@ -90,3 +90,14 @@ def test_enabled_platforms_without_this_one_runs_unsandboxed_with_a_warning(me):
     assert result.returncode == 0
     assert "enabledPlatforms" in result.stderr and "UNSANDBOXED" in result.stderr
     assert (me.home / "unsandboxed").exists()
+
+
+def test_allow_local_binding_opens_loopback_in_the_seatbelt_profile_only_when_set(me):
+    from tuishell.sandbox.seatbelt import build_profile
+
+    (me.config / "settings.toml").write_text("[network]\nallowLocalBinding = true\n")
+    for allowed in (False, True):
+        settings = load_settings(me.workspace, {"network.allowLocalBinding": allowed})
+        with SandboxSession(resolve_policy(settings, me.workspace), SeatbeltBackend()) as session:
+            text = build_profile(session.plan(["true"], me.workspace), None, "t").text
+        assert ('(allow network-bind (local ip "localhost:*"))' in text) == allowed

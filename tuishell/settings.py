@@ -348,7 +348,9 @@ SCHEMA: dict[str, Key] = _keys(
     ),
     Key(
         "network.allowLocalBinding", "bool", False,
-        "Let sandboxed commands listen on local ports; reduces security.",
+        "Let sandboxed commands run local servers. Linux: each sandbox has its own loopback, so this "
+        "always works and the switch changes nothing. macOS (no network namespace): allows listening "
+        "on and connecting to loopback ports, which also reaches other local services; reduces security.",
         weakens=True,
     ),
     Key(

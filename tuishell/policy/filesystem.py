@@ -127,6 +127,7 @@ class SandboxPolicy:
     protected_paths: tuple[tuple[Path, str], ...] = ()
     hidden_paths: tuple[tuple[Path, str], ...] = ()
     allow_unix_sockets: bool = False
+    allow_local_binding: bool = False  # only meaningful without a network namespace (macOS)
     weaker_nested: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -179,6 +180,7 @@ def resolve_policy(settings, workspace: Path, mode: Mode | None = None, home: Pa
         # The state dir holds the audit log, history and quarantined files: not the sandbox's business.
         hidden_paths=((paths.state_dir(env), "tuishell's own state (audit log, quarantine)"),),
         allow_unix_sockets=bool(settings.get("network.allowUnixSockets")),
+        allow_local_binding=bool(settings.get("network.allowLocalBinding")),
         weaker_nested=bool(settings.get("sandbox.enableWeakerNestedSandbox")),
         sources=sources,
     )

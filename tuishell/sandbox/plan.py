@@ -52,6 +52,7 @@ class SandboxPlan:
     env: tuple[tuple[str, str], ...]
     seccomp: SeccompProfile
     network: NetworkMode = NetworkMode.NONE
+    allow_local_binding: bool = False
     weaker_nested: bool = False
     writable_roots: tuple[Path, ...] = ()
     scan: ProtectedScan = field(default=ProtectedScan(), compare=False)  # what the post-run check compares with
@@ -139,6 +140,7 @@ def build_plan(policy: SandboxPolicy, command: Sequence[str], cwd: Path, session
         env=tuple(sorted(env.items())),
         seccomp=SeccompProfile(allow_unix_sockets=policy.allow_unix_sockets),
         network=network,
+        allow_local_binding=policy.allow_local_binding,
         weaker_nested=policy.weaker_nested,
         writable_roots=roots,
         scan=scan,

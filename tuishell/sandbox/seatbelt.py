@@ -300,6 +300,12 @@ def build_profile(plan: SandboxPlan, proxy_port: int | None, log_tag: str) -> Se
         params.append(("PROXY_ADDR", f"localhost:{proxy_port}"))
         lines += ["; Only outbound connections to the egress proxy's port on the host's loopback.",
                   '(allow network-outbound (remote ip (param "PROXY_ADDR")))']
+    if plan.allow_local_binding:
+        lines += ["; network.allowLocalBinding (reduces security): local servers on loopback, and",
+                  "; connections to loopback ports — which also reach other programs' local services.",
+                  '(allow network-bind (local ip "localhost:*"))',
+                  '(allow network-inbound (local ip "localhost:*"))',
+                  '(allow network-outbound (remote ip "localhost:*"))']
     if plan.seccomp.allow_unix_sockets:
         lines += ["; network.allowUnixSockets (reduces security): connect to any unix socket, as on",
                   "; Linux (docker.sock, agents); bind only where the command may write. Not the",
