@@ -48,7 +48,6 @@ class EgressPolicy:
         self.denied: tuple[tuple[DomainRule, str], ...] = ()
         self.hosts: dict[str, str] = {}
         self.broken: str | None = None
-        self.local_binding = False
         self.reload()
 
     def _files(self) -> list[Path]:
@@ -100,7 +99,3 @@ class EgressPolicy:
                 return Decision("deny", None, None, f"a settings file is broken, so no new connection is allowed: {self.broken}")
             allowed, denied = self.allowed, self.denied
         return decide(host, port, allowed, denied)
-
-    def has_network(self) -> bool:
-        """Whether the proxy is worth starting: something could ever be allowed without asking."""
-        return bool(self.allowed or self.hosts)

@@ -71,7 +71,6 @@ def proxy_environment(port: int = PROXY_PORT) -> dict[str, str]:
     env.update({
         "npm_config_proxy": http, "npm_config_https_proxy": http,  # npm reads its own names
         "PIP_PROXY": http,  # pip: also honours HTTPS_PROXY; explicit for older versions
-        "GIT_HTTP_PROXY": http,  # informational; git reads http_proxy/https_proxy
         "TUISHELL_PROXY": f"127.0.0.1:{port}",
     })
     return env
